@@ -1,0 +1,45 @@
+# Every target does its own set-up: a fresh machine with Python 3.11 needs nothing else.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DATA_DIR ?= ../shared/data
+WORKDIR ?= /tmp/multipod
+CPU_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8
+
+.PHONY: run test quality quality-real lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The main job: tiny BERT time-to-accuracy run on 8 fake CPU devices (2x4 data x model mesh).
+run: $(STAMP)
+	$(CPU_ENV) $(PY) -m launch.train --config configs/bert.py:tiny --workdir $(WORKDIR)/bert_tiny
+
+test: $(STAMP)
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+# Time-to-accuracy runs that CI checks: every model's tiny run, and BERT wikitext when the data exists.
+quality: $(STAMP)
+	$(CPU_ENV) $(PY) -m launch.quality --runs bert:tiny --workdir $(WORKDIR)/quality
+	@if [ -d "$(DATA_DIR)" ]; then \
+	  $(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality; \
+	else echo "quality: $(DATA_DIR) not found, skipping real-data runs"; fi
+
+# Real-data runs (minutes each); results go in README.md.
+quality-real: $(STAMP)
+	$(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality-real
+
+clean:
+	rm -rf $(VENV) *.egg-info

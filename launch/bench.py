@@ -1,0 +1,125 @@
+"""Throughput of a config on this machine: train step, input pipeline, model FLOP/s.
+
+    python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json]
+
+Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
+of this machine (MFU), and the input pipeline's examples/s against what the step
+consumes (it must be at least 3x so input never starves training). Rates are
+medians over repeats in one run, measured after a warm-up step.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+from launch.cli import apply_mesh_override
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=False
+)
+_MESH = flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1.")
+_STEPS = flags.DEFINE_integer("steps", 20, "Timed train steps per repeat.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Repeats; the median is reported.")
+_JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
+
+MIN_INPUT_RATIO = 3.0
+
+
+def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of a square fp32 matmul on one device: this machine's practical peak."""
+    a = jnp.ones((n, n), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    matmul(a).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(4):
+            out = matmul(a)
+        out.block_until_ready()
+        times.append((time.perf_counter() - start) / 4)
+    return 2.0 * n**3 / statistics.median(times)
+
+
+def bench_config(config, steps: int, repeats: int) -> dict:
+    """Measures the train step and the input pipeline of the first phase."""
+    from mlperf.train import build_trainer
+
+    trainer = build_trainer(config)
+    phase = trainer.phases[0]
+    partitioner = trainer.partitioner
+    layout = partitioner.data_layout(phase.global_batch_size)
+    iterator = iter(
+        trainer.task.train_data(
+            phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+        )
+    )
+    compiled = trainer.lower_train_step(phase).compile()
+    state = trainer.init_state()
+    key = jax.device_put(jax.random.key(0), partitioner.replicated())
+    batch = partitioner.host_to_global(next(iterator), layout)
+    state, metrics = compiled(state, batch, key)  # warm-up
+    jax.block_until_ready(metrics)
+
+    step_rates, input_rates = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, metrics = compiled(state, batch, key)
+        jax.block_until_ready(metrics)
+        step_rates.append(steps * phase.global_batch_size / (time.perf_counter() - start))
+        start = time.perf_counter()
+        for _ in range(steps):
+            next(iterator)
+        # Each host feeds its own slice; the global input rate scales with hosts.
+        host_rate = steps * layout.host_batch_size / (time.perf_counter() - start)
+        input_rates.append(host_rate * layout.shard_count)
+    examples_per_s = statistics.median(step_rates)
+    input_per_s = statistics.median(input_rates)
+    peak = measure_matmul_peak()
+    model_flops = trainer.task.flops_per_example(phase) * examples_per_s
+    return {
+        "config": f"{config.benchmark}:{config.variant}",
+        "mesh": dict(partitioner.mesh.shape),
+        "global_batch_size": phase.global_batch_size,
+        "steps_per_s": examples_per_s / phase.global_batch_size,
+        "examples_per_s": examples_per_s,
+        "model_flops_per_s": model_flops,
+        "matmul_peak_flops_per_s": peak,
+        "mfu": model_flops / peak,
+        "input_examples_per_s": input_per_s,
+        "input_to_step_ratio": input_per_s / examples_per_s,
+        "input_keeps_up": input_per_s >= MIN_INPUT_RATIO * examples_per_s,
+    }
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = _CONFIG.value
+    apply_mesh_override(config, _MESH.value)
+    r = bench_config(config, _STEPS.value, _REPEATS.value)
+    if _JSON.value:
+        print(json.dumps(r, indent=2))
+        return
+    print(
+        f"{r['config']} on mesh {r['mesh']} (global batch {r['global_batch_size']}):\n"
+        f"  train step   {r['steps_per_s']:.2f} steps/s, {r['examples_per_s']:.1f} examples/s\n"
+        f"  model FLOP/s {r['model_flops_per_s']:.3e} = {100 * r['mfu']:.1f}% of the measured "
+        f"matmul peak {r['matmul_peak_flops_per_s']:.3e}\n"
+        f"  input        {r['input_examples_per_s']:.1f} examples/s = "
+        f"{r['input_to_step_ratio']:.1f}x the step's consumption "
+        f"({'OK' if r['input_keeps_up'] else 'TOO SLOW: input would starve the step'})"
+    )
+    if not r["input_keeps_up"]:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,124 @@
+"""MLPerf BERT: encoder with masked-LM and next-sentence heads (Flax NNX, logical axes).
+
+Post-layer-norm BERT as in the MLPerf reference (Devlin et al.). Sizes range from
+`tiny` to `large` through `BertConfig`. The model never sees a mesh: parameters carry
+logical axis names, activations are placed with `parallel.partition.constrain`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mlperf.layers.attention import SelfAttention
+from mlperf.layers.embedding import Embed, gather_positions
+from mlperf.layers.linear import DenseGeneral, LayerNorm, dropout, logical_param
+from mlperf.layers.mlp import MlpBlock
+from parallel.partition import constrain
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Model hyperparameters, built from the config's `model` sub-dict."""
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    mlp_dim: int = 3072
+    max_position: int = 512
+    type_vocab_size: int = 2
+    dropout_rate: float = 0.1
+    einsum_gather: bool = True
+    compute_dtype: jnp.dtype = jnp.float32
+
+
+class EncoderLayer(nnx.Module):
+    """Post-LN transformer encoder layer."""
+
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
+        dt = cfg.compute_dtype
+        self.rate = cfg.dropout_rate
+        self.attention = SelfAttention(
+            cfg.hidden_size, cfg.num_heads, rngs=rngs, dropout_rate=cfg.dropout_rate, dtype=dt
+        )
+        self.attention_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
+        self.mlp = MlpBlock(cfg.hidden_size, cfg.mlp_dim, rngs=rngs, dtype=dt)
+        self.mlp_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
+
+    def __call__(self, x, mask, rng):
+        r = jax.random.split(rng, 3) if rng is not None else (None, None, None)
+        h = dropout(self.attention(x, mask, r[0]), self.rate, r[1])
+        x = self.attention_norm(x + h)
+        x = self.mlp_norm(x + dropout(self.mlp(x), self.rate, r[2]))
+        return constrain(x, ("batch", "length", "embed"))
+
+
+class BertForPreTraining(nnx.Module):
+    """BERT encoder + masked-LM head (tied to the word embeddings) + NSP head."""
+
+    def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = cfg.compute_dtype
+        eg = cfg.einsum_gather
+        self.word_embeddings = Embed(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            ("vocab", "embed"),
+            rngs=rngs,
+            einsum_gather=eg,
+            dtype=dt,
+        )
+        self.position_embeddings = Embed(
+            cfg.max_position, cfg.hidden_size, ("position", "embed"), rngs=rngs, dtype=dt
+        )
+        self.type_embeddings = Embed(
+            cfg.type_vocab_size,
+            cfg.hidden_size,
+            ("type", "embed"),
+            rngs=rngs,
+            einsum_gather=eg,
+            dtype=dt,
+        )
+        self.embedding_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
+        self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.mlm_transform = DenseGeneral(
+            (cfg.hidden_size,), (cfg.hidden_size,), ("embed", "embed"), rngs=rngs, dtype=dt
+        )
+        self.mlm_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
+        self.mlm_bias = logical_param(rngs, nnx.initializers.zeros, (cfg.vocab_size,), ("vocab",))
+        self.pooler = DenseGeneral(
+            (cfg.hidden_size,), (cfg.hidden_size,), ("embed", "embed"), rngs=rngs, dtype=dt
+        )
+        self.nsp = DenseGeneral((cfg.hidden_size,), (2,), ("embed", "classes"), rngs=rngs, dtype=dt)
+
+    def encode(self, input_ids, segment_ids, input_mask, rng=None):
+        """Token, position and type embeddings, then the encoder stack: [B,L] -> [B,L,D]."""
+        length = input_ids.shape[1]
+        if length > self.cfg.max_position:
+            raise ValueError(f"sequence length {length} > max_position {self.cfg.max_position}")
+        # Positions are a static slice of the table: no gather on either path.
+        positions = self.position_embeddings.embedding[...][:length].astype(self.cfg.compute_dtype)
+        x = self.word_embeddings(input_ids) + self.type_embeddings(segment_ids) + positions[None]
+        x = constrain(self.embedding_norm(x), ("batch", "length", "embed"))
+        rngs = jax.random.split(rng, len(self.layers) + 1) if rng is not None else None
+        x = dropout(x, self.cfg.dropout_rate, None if rngs is None else rngs[-1])
+        for i, layer in enumerate(self.layers):
+            x = layer(x, input_mask, None if rngs is None else rngs[i])
+        return x
+
+    def __call__(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
+        """Returns (masked-LM logits [B,P,V] fp32, next-sentence logits [B,2] fp32)."""
+        x_BxLxD = self.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"], rng)
+        masked_BxPxD = gather_positions(
+            x_BxLxD, batch["masked_lm_positions"], self.cfg.einsum_gather
+        )
+        h = self.mlm_norm(jax.nn.gelu(self.mlm_transform(masked_BxPxD), approximate=False))
+        mlm_logits = self.word_embeddings.attend(h).astype(jnp.float32) + self.mlm_bias[...]
+        mlm_logits = constrain(mlm_logits, ("batch", None, "vocab"))
+        pooled = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+        nsp_logits = self.nsp(pooled).astype(jnp.float32)
+        return mlm_logits, nsp_logits

@@ -1,0 +1,213 @@
+"""BERT pretraining as a Task: masked-LM + next-sentence loss, masked-LM accuracy target."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from input_pipeline.bert_data import BertData, build_bert_data
+from input_pipeline.pretraining_examples import feature_spec
+from mlperf.bert.model import BertConfig, BertForPreTraining
+from mlperf.mllog import keys
+from mlperf.task import Phase
+from parallel.precision import dtype_from_name
+
+
+def _cross_entropy(logits: jax.Array, labels: jax.Array, einsum_gather: bool) -> jax.Array:
+    """-log p(label) per position, fp32; the label pick is a one-hot product on the einsum
+    path (no gather), take_along_axis otherwise."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    if einsum_gather:
+        return -jnp.sum(log_probs * jax.nn.one_hot(labels, logits.shape[-1]), axis=-1)
+    return -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+
+
+class BertTask:
+    """MLPerf BERT pretraining (phase 1 and optional phase 2)."""
+
+    benchmark = "bert"
+    target_metric = "mlm_accuracy"
+
+    def __init__(self, config):
+        self.config = config
+        self.target_value = float(config.train.target)
+        self._data: dict[tuple, BertData] = {}
+        self._vocab_size: int | None = None
+
+    # ---- data ----------------------------------------------------------------------------
+    def _bert_data(
+        self, seq_length: int, max_predictions: int, shard_index: int, shard_count: int
+    ) -> BertData:
+        key = (seq_length, max_predictions, shard_index, shard_count)
+        if key not in self._data:
+            self._data[key] = build_bert_data(
+                self.config.data, seq_length, max_predictions, shard_index, shard_count
+            )
+            self._vocab_size = self._data[key].vocab_size
+        return self._data[key]
+
+    def prepare(self, shard_index: int, shard_count: int) -> None:
+        """Builds (or loads the cached) data for every phase before anything compiles."""
+        for phase in self.phases():
+            self._bert_data(
+                phase.data["seq_length"], phase.data["max_predictions"], shard_index, shard_count
+            )
+
+    def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
+        data = self._bert_data(
+            phase.data["seq_length"], phase.data["max_predictions"], shard_index, shard_count
+        )
+        return data.train_iterator(host_batch_size, seed=self.config.seed)
+
+    def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
+        last = self.phases()[-1]
+        data = self._bert_data(
+            last.data["seq_length"], last.data["max_predictions"], shard_index, shard_count
+        )
+        return data.eval_batches(global_batch_size)
+
+    def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        return feature_spec(phase.data["seq_length"], phase.data["max_predictions"])
+
+    def num_eval_examples(self) -> int:
+        return next(iter(self._data.values())).num_eval_examples
+
+    # ---- phases --------------------------------------------------------------------------
+    def phases(self) -> list[Phase]:
+        c = self.config
+        p2 = c.phase2
+        phase1_steps = c.train.steps
+        if p2.enabled:
+            phase1_steps = math.ceil(p2.start_samples / c.train.global_batch_size)
+        phases = [
+            Phase(
+                name="phase1",
+                global_batch_size=c.train.global_batch_size,
+                steps=phase1_steps,
+                learning_rate=c.optimizer.learning_rate,
+                warmup_steps=c.optimizer.warmup_steps,
+                decay_steps=c.optimizer.decay_steps or c.train.steps,
+                data={"seq_length": c.data.seq_length, "max_predictions": c.data.max_predictions},
+            )
+        ]
+        if p2.enabled:
+            phases.append(
+                Phase(
+                    name="phase2",
+                    global_batch_size=p2.global_batch_size,
+                    steps=p2.steps,
+                    learning_rate=p2.learning_rate,
+                    warmup_steps=p2.warmup_steps,
+                    decay_steps=p2.steps,
+                    data={"seq_length": p2.seq_length, "max_predictions": p2.max_predictions},
+                )
+            )
+        return phases
+
+    # ---- model ---------------------------------------------------------------------------
+    def model_config(self) -> BertConfig:
+        m = self.config.model
+        # The data's vocabulary wins; without prepared data (inspect, AOT) the config's.
+        vocab = self._vocab_size or m.vocab_size or self.config.data.vocab_size
+        return BertConfig(
+            vocab_size=vocab,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            mlp_dim=m.mlp_dim,
+            max_position=m.max_position,
+            type_vocab_size=m.type_vocab_size,
+            dropout_rate=m.dropout_rate,
+            einsum_gather=self.config.einsum_gather,
+            compute_dtype=dtype_from_name(self.config.precision.compute_dtype),
+        )
+
+    def build_model(self, rngs: nnx.Rngs) -> BertForPreTraining:
+        return BertForPreTraining(self.model_config(), rngs=rngs)
+
+    # ---- loss and eval -------------------------------------------------------------------
+    def denominators(self, batch) -> dict[str, jax.Array]:
+        return {
+            "mlm": jnp.maximum(batch["masked_lm_weights"].sum(), 1.0),
+            "nsp": jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32),
+        }
+
+    def loss(self, model, batch, denominators, rng):
+        eg = self.config.einsum_gather
+        mlm_logits, nsp_logits = model(batch, rng=rng)
+        weights = batch["masked_lm_weights"].astype(jnp.float32)
+        mlm_xent = _cross_entropy(mlm_logits, batch["masked_lm_ids"], eg)
+        nsp_xent = _cross_entropy(nsp_logits, batch["next_sentence_labels"], eg)
+        mlm_loss = jnp.sum(mlm_xent * weights) / denominators["mlm"]
+        nsp_loss = jnp.sum(nsp_xent) / denominators["nsp"]
+        correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
+        aux = {
+            "mlm_loss": mlm_loss,
+            "nsp_loss": nsp_loss,
+            "mlm_accuracy": jnp.sum(correct) / denominators["mlm"],
+        }
+        return mlm_loss + nsp_loss, aux
+
+    def eval_sums(self, model, batch) -> dict[str, jax.Array]:
+        eg = self.config.einsum_gather
+        mlm_logits, nsp_logits = model(batch, rng=None)
+        example = batch["mask"].astype(jnp.float32)
+        weights = batch["masked_lm_weights"].astype(jnp.float32) * example[:, None]
+        correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
+        nsp_correct = (jnp.argmax(nsp_logits, -1) == batch["next_sentence_labels"]) * example
+        mlm_xent = _cross_entropy(mlm_logits, batch["masked_lm_ids"], eg)
+        # Counts are integers (exact under any sharding); losses are fp32 sums.
+        return {
+            "mlm_correct": jnp.sum(correct).astype(jnp.int32),
+            "mlm_count": jnp.sum(weights).astype(jnp.int32),
+            "nsp_correct": jnp.sum(nsp_correct).astype(jnp.int32),
+            "examples": jnp.sum(example).astype(jnp.int32),
+            "mlm_loss_sum": jnp.sum(mlm_xent * weights),
+        }
+
+    def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
+        count = max(int(sums["mlm_count"]), 1)
+        examples = max(int(sums["examples"]), 1)
+        return {
+            "mlm_accuracy": int(sums["mlm_correct"]) / count,
+            "mlm_loss": float(sums["mlm_loss_sum"]) / count,
+            "nsp_accuracy": int(sums["nsp_correct"]) / examples,
+            "eval_examples": int(sums["examples"]),
+        }
+
+    # ---- reporting -----------------------------------------------------------------------
+    def mllog_hparams(self) -> dict[str, Any]:
+        c = self.config
+        o = c.optimizer
+        return {
+            keys.OPT_BASE_LR: o.learning_rate,
+            keys.OPT_LAMB_EPSILON: o.eps,
+            "opt_epsilon": o.eps,
+            "opt_learning_rate_training_steps": o.decay_steps or c.train.steps,
+            "opt_learning_rate_warmup_steps": o.warmup_steps,
+            keys.NUM_WARMUP_STEPS: o.warmup_steps,
+            keys.START_WARMUP_STEP: 0,
+            keys.OPT_LAMB_BETA_1: o.b1,
+            keys.OPT_LAMB_BETA_2: o.b2,
+            keys.OPT_LAMB_WEIGHT_DECAY: o.weight_decay,
+            keys.OPT_LAMB_LR_DECAY_POLY_POWER: o.power,
+            keys.MAX_SEQUENCE_LENGTH: c.data.seq_length,
+            "max_predictions_per_seq": c.data.max_predictions,
+            "gradient_accumulation_steps": c.train.microbatches,
+        }
+
+    def flops_per_example(self, phase: Phase) -> float:
+        """6 x (matmul params touched per token) x tokens, plus attention and MLM head."""
+        m = self.model_config()
+        seq = phase.data["seq_length"]
+        preds = phase.data["max_predictions"]
+        d, f, n = m.hidden_size, m.mlp_dim, m.num_layers
+        per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq * d  # proj + attention
+        forward = seq * n * per_token_layer + preds * 2 * (d * d + d * m.vocab_size)
+        if m.einsum_gather:
+            forward += seq * 2 * m.vocab_size * d  # one-hot embedding matmul
+        return 3.0 * forward  # backward ~ 2x forward

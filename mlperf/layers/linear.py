@@ -1,0 +1,108 @@
+"""Parameters with logical axes, dense (einsum) projections, layer norm and dropout.
+
+Every parameter carries its logical axis names as flax metadata (`out_sharding`);
+`parallel/` turns those into mesh shardings. Eager sharding is off: modules never
+need a mesh to be built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Initializer = nnx.initializers.Initializer
+DEFAULT_INIT = nnx.initializers.truncated_normal(stddev=0.02)
+
+
+def logical_param(
+    rngs: nnx.Rngs,
+    init: Initializer,
+    shape: Sequence[int],
+    axes: Sequence[str | None],
+    dtype: jnp.dtype = jnp.float32,
+) -> nnx.Param:
+    """An nnx.Param whose metadata names its logical axes (one per dimension)."""
+    if len(axes) != len(shape):
+        raise ValueError(f"param of shape {tuple(shape)} needs {len(shape)} axes, got {axes}.")
+    with nnx.use_eager_sharding(False):
+        return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes))
+
+
+class DenseGeneral(nnx.Module):
+    """y = einsum(x, W) + b over the trailing `in_shape` dims of x into `out_shape`."""
+
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        out_shape: Sequence[int],
+        kernel_axes: Sequence[str | None],
+        *,
+        rngs: nnx.Rngs,
+        use_bias: bool = True,
+        dtype: jnp.dtype = jnp.float32,
+        param_dtype: jnp.dtype = jnp.float32,
+        kernel_init: Initializer = DEFAULT_INIT,
+    ):
+        self.in_shape = tuple(in_shape)
+        self.out_shape = tuple(out_shape)
+        self.dtype = dtype
+        self.kernel = logical_param(
+            rngs, kernel_init, (*self.in_shape, *self.out_shape), kernel_axes, param_dtype
+        )
+        bias_axes = tuple(kernel_axes)[len(self.in_shape) :]
+        self.bias = (
+            logical_param(rngs, nnx.initializers.zeros, self.out_shape, bias_axes, param_dtype)
+            if use_bias
+            else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n_in, n_out = len(self.in_shape), len(self.out_shape)
+        letters = "abcdefghijklm"
+        batch = "".join(letters[: x.ndim - n_in])
+        ins = "".join("nopqr"[:n_in])
+        outs = "".join("stuvw"[:n_out])
+        y = jnp.einsum(
+            f"{batch}{ins},{ins}{outs}->{batch}{outs}",
+            x.astype(self.dtype),
+            self.kernel[...].astype(self.dtype),
+        )
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+
+class LayerNorm(nnx.Module):
+    """Layer normalisation over the last axis, statistics in fp32."""
+
+    def __init__(
+        self,
+        dim: int,
+        axis_name: str = "embed",
+        *,
+        rngs: nnx.Rngs,
+        eps: float = 1e-12,
+        dtype: jnp.dtype = jnp.float32,
+    ):
+        self.eps = eps
+        self.dtype = dtype
+        self.scale = logical_param(rngs, nnx.initializers.ones, (dim,), (axis_name,))
+        self.bias = logical_param(rngs, nnx.initializers.zeros, (dim,), (axis_name,))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = x32.mean(-1, keepdims=True)
+        var = jnp.square(x32 - mean).mean(-1, keepdims=True)
+        y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
+        return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout; identity when `rng` is None (eval) or rate is 0."""
+    if rng is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)

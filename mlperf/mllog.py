@@ -1,0 +1,71 @@
+"""MLPerf logging through the official `mlperf_logging.mllog`, 0.7.0 training ruleset.
+
+Each run writes `<workdir>/mllog.txt` with `:::MLLOG` lines that
+`python -m mlperf_logging.compliance_checker --usage training --ruleset 0.7.0` parses.
+Only process 0 writes (one log per run, as MLPerf requires); the others log nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from mlperf_logging.mllog import constants
+from mlperf_logging.mllog import mllog as mllog_impl
+
+RULESET = "0.7.0"
+
+
+class MlLog:
+    """A per-run MLPerf logger writing to one file (no stdout, no global handlers)."""
+
+    def __init__(self, path: str, enabled: bool = True):
+        self.path = path
+        self.enabled = enabled
+        self._logger = logging.getLogger(f"multipod.mllog.{os.path.abspath(path)}")
+        self._logger.propagate = False
+        self._logger.setLevel(logging.INFO)
+        self._handler: logging.Handler | None = None
+        if enabled:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._handler = logging.FileHandler(path, mode="w")
+            self._logger.addHandler(self._handler)
+        self._mllogger = mllog_impl.MLLogger(logger=self._logger, default_stack_offset=2)
+
+    def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self.enabled:
+            self._mllogger.event(key=key, value=value, metadata=metadata)
+
+    def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self.enabled:
+            self._mllogger.start(key=key, value=value, metadata=metadata)
+
+    def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
+        if self.enabled:
+            self._mllogger.end(key=key, value=value, metadata=metadata)
+
+    def submission_info(self, benchmark: str, platform: str, division: str = "open") -> None:
+        """The submission_* keys every MLPerf log starts with."""
+        self.event(constants.SUBMISSION_ORG, "multipod")
+        self.event(constants.SUBMISSION_PLATFORM, platform)
+        self.event(constants.SUBMISSION_DIVISION, division)
+        self.event(constants.SUBMISSION_STATUS, "research")
+        self.event(constants.SUBMISSION_BENCHMARK, benchmark)
+        self.event(constants.SUBMISSION_POC_NAME, "multipod developers")
+        self.event(constants.SUBMISSION_POC_EMAIL, "multipod@example.invalid")
+
+    def hyperparameters(self, params: dict[str, Any]) -> None:
+        for key, value in params.items():
+            self.event(key, value)
+
+    def close(self) -> None:
+        if self._handler is not None:
+            self._handler.flush()
+            self._handler.close()
+            self._logger.removeHandler(self._handler)
+            self._handler = None
+
+
+# Re-exported so the loop and tasks use the official key names.
+keys = constants

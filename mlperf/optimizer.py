@@ -1,0 +1,92 @@
+"""Optimizers and learning-rate schedules from config (optax), phase-aware.
+
+The schedule is one function of the global step across training phases: each phase
+(e.g. BERT phase 1 at seq 128, phase 2 at seq 512, Lin et al.) gets its own linear
+warmup and polynomial decay, joined at the step where the phase starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseSchedule:
+    """Learning-rate shape of one phase, in that phase's own steps."""
+
+    learning_rate: float
+    warmup_steps: int
+    decay_steps: int
+    steps: int
+    power: float = 1.0
+    end_learning_rate: float = 0.0
+
+
+def phase_schedule(p: PhaseSchedule) -> optax.Schedule:
+    """Linear warmup from 0 to lr, then polynomial decay to `end_learning_rate`."""
+    warmup = optax.linear_schedule(0.0, p.learning_rate, max(p.warmup_steps, 1))
+    decay = optax.polynomial_schedule(
+        p.learning_rate, p.end_learning_rate, p.power, max(p.decay_steps - p.warmup_steps, 1)
+    )
+    if p.warmup_steps <= 0:
+        return decay
+    return optax.join_schedules([warmup, decay], [p.warmup_steps])
+
+
+def joined_schedule(phases: Sequence[PhaseSchedule]) -> optax.Schedule:
+    """One schedule over global steps: phase i starts after the steps of phases < i."""
+    schedules = [phase_schedule(p) for p in phases]
+    boundaries, total = [], 0
+    for p in phases[:-1]:
+        total += p.steps
+        boundaries.append(total)
+    return schedules[0] if len(schedules) == 1 else optax.join_schedules(schedules, boundaries)
+
+
+def decay_mask(params) -> object:
+    """Weight decay on weight matrices only: not on biases or layer-norm scales (BERT)."""
+
+    def keep(path, _):
+        name = str(getattr(path[-1], "key", path[-1]))
+        return name not in ("bias", "scale", "mlm_bias")
+
+    return jax.tree_util.tree_map_with_path(keep, params)
+
+
+def build_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
+    """optax transformation named by `opt_cfg.name` (lamb, adamw, adam, sgd, lars)."""
+    name = opt_cfg.name
+    if name == "lamb":
+        tx = optax.lamb(
+            schedule,
+            b1=opt_cfg.b1,
+            b2=opt_cfg.b2,
+            eps=opt_cfg.eps,
+            weight_decay=opt_cfg.weight_decay,
+            mask=decay_mask,
+        )
+    elif name == "adamw":
+        tx = optax.adamw(
+            schedule,
+            b1=opt_cfg.b1,
+            b2=opt_cfg.b2,
+            eps=opt_cfg.eps,
+            weight_decay=opt_cfg.weight_decay,
+            mask=decay_mask,
+        )
+    elif name == "adam":
+        tx = optax.adam(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps)
+    elif name == "sgd":
+        tx = optax.sgd(schedule, momentum=opt_cfg.get("momentum", 0.9))
+    elif name == "lars":
+        tx = optax.lars(
+            schedule, weight_decay=opt_cfg.weight_decay, momentum=opt_cfg.get("momentum", 0.9)
+        )
+    else:
+        raise ValueError(f"optimizer.name={name!r} is unknown; use lamb, adamw, adam, sgd or lars.")
+    clip = opt_cfg.get("grad_clip_norm", 0.0)
+    return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx

@@ -1,0 +1,122 @@
+"""The jitted train and eval steps shared by every task.
+
+Train step: per-replica gradients with accumulation over K microbatches (loss
+normalisers taken from the whole global batch, so K microbatches give the same update
+as one batch), reduced over the data axis into the weight-update-sharded layout
+(reduce-scatter), the optimizer update on those shards, then parameters constrained
+back to their own layout (all-gather).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from mlperf.task import Task
+from mlperf.train_state import StateLayout
+from parallel.data_parallel import data_parallel_value_and_grad
+from parallel.partition import Partitioner, is_logical_leaf
+
+PyTree = Any
+
+
+def _split_microbatches(batch: PyTree, k: int) -> PyTree:
+    """[b, ...] -> [K, b/K, ...]: K microbatches of this replica's rows."""
+    return jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+
+
+def make_train_step(
+    task: Task,
+    layout: StateLayout,
+    partitioner: Partitioner,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    microbatches: int,
+) -> Callable:
+    """Returns train_step(state, batch, key) -> (state, metrics), not yet jitted."""
+    update_shardings = partitioner.to_shardings(layout.update_specs)
+    param_shardings = layout.state_shardings["params"]
+    # Where parameters live while computing gradients: never split over data (FSDP
+    # gathers them here).
+    compute_shardings = partitioner.to_shardings(
+        jax.tree.map(partitioner.spec, layout.logical, is_leaf=is_logical_leaf)
+    )
+
+    def loss_fn(params, batch, denominators, rng):
+        return task.loss(layout.model(params), batch, denominators, rng)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def local_grads(params, batch, denominators, rng):
+        """One replica's loss, aux sums and gradient over its rows (K microbatches)."""
+        if microbatches == 1:
+            (loss, aux), grads = grad_fn(params, batch, denominators, rng)
+            return loss, aux, grads
+        micro = _split_microbatches(batch, microbatches)
+
+        def one(i):
+            mb = jax.tree.map(lambda x: x[i], micro)
+            (loss, aux), grads = grad_fn(params, mb, denominators, jax.random.fold_in(rng, i))
+            return loss, aux, grads
+
+        def body(carry, i):
+            return jax.tree.map(jnp.add, carry, one(i)), None
+
+        # The first microbatch seeds the accumulators (same types as the loop's values).
+        total, _ = jax.lax.scan(body, one(0), jnp.arange(1, microbatches))
+        return total
+
+    value_and_grads = data_parallel_value_and_grad(local_grads, partitioner, layout.update_specs)
+
+    def train_step(state, batch, key):
+        params = state["params"]
+        rng = jax.random.fold_in(key, state["step"])
+        denominators = task.denominators(batch)
+        compute_params = jax.lax.with_sharding_constraint(params, compute_shardings)
+        loss, aux, grads = value_and_grads(compute_params, batch, denominators, rng)
+        # Weight-update sharding: each data replica updates only its slice.
+        grads = jax.lax.with_sharding_constraint(grads, update_shardings)
+        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        updates = jax.lax.with_sharding_constraint(updates, update_shardings)
+        new_params = optax.apply_updates(params, updates)
+        new_params = jax.lax.with_sharding_constraint(new_params, param_shardings)
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": schedule(state["step"]),
+            **aux,
+        }
+        new_state = {"step": state["step"] + 1, "params": new_params, "opt_state": opt_state}
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(task: Task, layout: StateLayout) -> Callable:
+    """Returns eval_step(params, batch) -> dict of sums over the batch's real examples."""
+
+    def eval_step(params, batch):
+        return task.eval_sums(layout.model(params), batch)
+
+    return eval_step
+
+
+def batch_abstract(partitioner: Partitioner, example_spec: dict, global_batch_size: int) -> dict:
+    """ShapeDtypeStructs (with batch shardings) of a global batch from per-example specs."""
+    out = {}
+    for name, (shape, dtype) in example_spec.items():
+        out[name] = jax.ShapeDtypeStruct(
+            (global_batch_size, *shape),
+            dtype,
+            sharding=partitioner.sharding(partitioner.batch_spec(1 + len(shape))),
+        )
+    return out
+
+
+def spec_of(host_batch: dict) -> dict:
+    """Per-example (shape, dtype) of a host batch."""
+    return {name: (x.shape[1:], x.dtype) for name, x in host_batch.items()}

@@ -1,0 +1,67 @@
+"""What the generic loop needs from a benchmark: the Task protocol and training phases."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+from flax import nnx
+
+Batch = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A stretch of training with one batch size and input shape (BERT: seq 128, then 512)."""
+
+    name: str
+    global_batch_size: int
+    steps: int
+    learning_rate: float
+    warmup_steps: int
+    decay_steps: int
+    data: dict[str, Any]  # task-specific input settings, e.g. {"seq_length": 128}
+
+
+class Task(Protocol):
+    """A benchmark the loop can drive; every method is pure and mesh-free."""
+
+    benchmark: str  # MLPerf benchmark name, e.g. "bert"
+    target_metric: str  # key of finalize_eval's output compared against the target
+    target_value: float
+
+    def phases(self) -> list[Phase]: ...
+
+    def build_model(self, rngs: nnx.Rngs) -> nnx.Module: ...
+
+    def train_data(
+        self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int
+    ) -> Iterator[dict[str, np.ndarray]]: ...
+
+    def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        """Name -> (per-example shape, dtype) of a training batch in this phase."""
+
+    def eval_data(
+        self, global_batch_size: int, shard_index: int, shard_count: int
+    ) -> list[dict[str, np.ndarray]]: ...
+
+    def denominators(self, batch: Batch) -> Any:
+        """Normalisers of the loss computed once from the whole global batch, so that
+        gradient accumulation over microbatches gives the same update as one batch."""
+
+    def loss(
+        self, model: nnx.Module, batch: Batch, denominators: Any, rng: jax.Array | None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]: ...
+
+    def eval_sums(self, model: nnx.Module, batch: Batch) -> dict[str, jax.Array]:
+        """Per-batch sums (weighted by batch['mask']); the loop adds them over batches."""
+
+    def finalize_eval(self, sums: dict[str, float]) -> dict[str, float]: ...
+
+    def mllog_hparams(self) -> dict[str, Any]: ...
+
+    def flops_per_example(self, phase: Phase) -> float:
+        """Analytic training FLOPs per example (forward + backward) for MFU."""

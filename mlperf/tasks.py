@@ -1,0 +1,15 @@
+"""Benchmark name -> Task class. Adding a model adds one line here."""
+
+from __future__ import annotations
+
+from mlperf.task import Task
+
+
+def get_task(config) -> Task:
+    """The Task for `config.benchmark`."""
+    name = config.benchmark
+    if name == "bert":
+        from mlperf.bert.task import BertTask
+
+        return BertTask(config)
+    raise ValueError(f"benchmark {name!r} is not implemented; available: bert.")

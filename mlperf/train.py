@@ -1,0 +1,280 @@
+"""The one generic train/eval loop for every benchmark.
+
+init (validate config, mesh, data, abstract state, shardings, jitted sharded init,
+compile every step) happens before mllog `run_start`, as MLPerf counts it; then train
+with in-loop evaluation every N samples until the target or the step budget, and
+write the MLPerf log, result.json and a closing summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+
+from mlperf.evaluate import Evaluator
+from mlperf.mllog import MlLog, keys
+from mlperf.optimizer import PhaseSchedule, build_optimizer, joined_schedule
+from mlperf.reporting import Progress, params_fingerprint, summary_paragraph, write_result
+from mlperf.steps import batch_abstract, make_train_step
+from mlperf.task import Phase, Task
+from mlperf.tasks import get_task
+from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
+from mlperf.validate import validate
+from parallel.mesh import build_mesh, mesh_shape
+from parallel.partition import Partitioner
+from parallel.rules import rules_from_config
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything built during init: the loop and tools (inspect, bench) use it."""
+
+    config: Any
+    task: Task
+    partitioner: Partitioner
+    phases: list[Phase]
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    layout: StateLayout
+
+    def jitted_train_step(self):
+        """The train step, jitted with state/batch shardings and state donation."""
+        step = make_train_step(
+            self.task,
+            self.layout,
+            self.partitioner,
+            self.tx,
+            self.schedule,
+            self.config.train.microbatches,
+        )
+        return self.partitioner.jit(
+            step,
+            in_shardings=(self.layout.state_shardings, None, self.partitioner.replicated()),
+            out_shardings=(self.layout.state_shardings, self.partitioner.replicated()),
+            donate_argnums=(0,),
+        )
+
+    def lower_train_step(self, phase: Phase):
+        """Lowers the train step for one phase's global batch shapes (nothing allocated)."""
+        abstract = batch_abstract(
+            self.partitioner, self.task.example_spec(phase), phase.global_batch_size
+        )
+        key = jax.ShapeDtypeStruct(
+            (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
+        )
+        return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
+
+    def init_state(self):
+        return init_train_state(
+            self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
+        )
+
+
+def build_partitioner(config, devices=None) -> Partitioner:
+    """Mesh and partitioner from config.mesh / config.parallel."""
+    mesh = build_mesh(config.mesh.axes, config.mesh.ici_shape, config.mesh.dcn_shape, devices)
+    return Partitioner(
+        mesh,
+        rules=rules_from_config(config.parallel.get("rules", None)),
+        weight_update_sharding=config.parallel.weight_update_sharding,
+        fsdp=config.parallel.fsdp,
+    )
+
+
+def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
+    """Validates the config, builds mesh, data (cached) and the sharded state layout."""
+    devices = list(jax.devices() if devices is None else devices)
+    validate(config, len(devices))
+    partitioner = build_partitioner(config, devices)
+    task = get_task(config)
+    phases = task.phases()
+    if prepare_data:
+        layout0 = partitioner.data_layout(phases[0].global_batch_size)
+        task.prepare(layout0.shard_index, layout0.shard_count)
+    schedule = joined_schedule(
+        [
+            PhaseSchedule(
+                p.learning_rate,
+                p.warmup_steps,
+                p.decay_steps,
+                p.steps,
+                power=config.optimizer.power,
+            )
+            for p in phases
+        ]
+    )
+    tx = build_optimizer(config.optimizer, schedule)
+    layout = build_state_layout(task.build_model, tx, partitioner, config.seed)
+    return Trainer(config, task, partitioner, phases, tx, schedule, layout)
+
+
+def _platform_name() -> str:
+    d = jax.devices()[0]
+    return f"{jax.device_count()}x{d.device_kind or d.platform}"
+
+
+def _eval_interval(config, phases: list[Phase]) -> int:
+    every = config.train.eval_every_samples
+    if every > 0:
+        return every
+    total = sum(p.steps * p.global_batch_size for p in phases)
+    return max(total // 10, phases[0].global_batch_size)
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+    """Trains to the target (or the step budget) and returns the result dict."""
+    init_wall = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    is_main = jax.process_index() == 0
+    mll = MlLog(os.path.join(workdir, "mllog.txt"), enabled=is_main)
+    mll.event(keys.CACHE_CLEAR, True)
+    mll.start(keys.INIT_START)
+
+    trainer = build_trainer(config)
+    task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
+    mll.submission_info(task.benchmark, _platform_name())
+    mll.event(keys.SEED, config.seed)
+    mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
+    mll.hyperparameters(task.mllog_hparams())
+
+    # Data iterators and compiled steps for every phase, all before run_start.
+    phase_runs = []
+    for phase in phases:
+        data_layout = partitioner.data_layout(phase.global_batch_size)
+        iterator = iter(
+            task.train_data(
+                phase, data_layout.host_batch_size, data_layout.shard_index, data_layout.shard_count
+            )
+        )
+        first = next(iterator)
+        compiled = trainer.lower_train_step(phase).compile()
+        phase_runs.append((phase, data_layout, iterator, first, compiled))
+    eval_layout = partitioner.data_layout(config.train.eval_batch_size)
+    eval_batches = task.eval_data(
+        config.train.eval_batch_size, eval_layout.shard_index, eval_layout.shard_count
+    )
+    evaluator = Evaluator(
+        task, trainer.layout, partitioner, eval_batches, config.train.eval_batch_size
+    )
+    state = trainer.init_state()
+    key = jax.device_put(jax.random.key(config.seed), partitioner.replicated())
+
+    total_steps = sum(p.steps for p in phases)
+    total_samples = sum(p.steps * p.global_batch_size for p in phases)
+    eval_every = _eval_interval(config, phases)
+    mll.event(keys.TRAIN_SAMPLES, total_samples)
+    mll.event(keys.EVAL_SAMPLES, task.num_eval_examples())
+    mll.end(keys.INIT_STOP)
+    init_time = time.time() - init_wall
+
+    mll.start(keys.RUN_START)
+    run_start = time.perf_counter()
+    progress = Progress(total_steps, task.target_metric, enabled=is_main)
+    flops_per_example = {p.name: task.flops_per_example(p) for p in phases}
+    peak = config.get("device_peak_flops", 0.0) or None
+
+    step = samples = 0
+    next_eval = eval_every
+    reached, time_to_target, samples_to_target, steps_to_target = False, None, None, None
+    eval_metrics: dict[str, float] = {}
+    last_metrics: dict[str, float] = {}
+    status = keys.SUCCESS
+    block_start = 0
+    mll.start(keys.BLOCK_START, metadata={keys.FIRST_EPOCH_NUM: 0, keys.EPOCH_COUNT: eval_every})
+
+    def do_eval():
+        nonlocal eval_metrics, reached, time_to_target, samples_to_target, steps_to_target
+        mll.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
+        eval_metrics = evaluator.evaluate(state["params"])
+        value = eval_metrics[task.target_metric]
+        mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
+        mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
+        progress.eval_done(samples, value)
+        if is_main:
+            shown = ", ".join(
+                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in eval_metrics.items()
+            )
+            print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
+        if not reached and value >= task.target_value:
+            reached = True
+            time_to_target = time.perf_counter() - run_start
+            samples_to_target, steps_to_target = samples, step
+
+    done = False
+    for phase, data_layout, iterator, first, compiled in phase_runs:
+        pending = first
+        for _ in range(phase.steps):
+            batch = partitioner.host_to_global(pending, data_layout)
+            state, metrics = compiled(state, batch, key)
+            step += 1
+            samples += phase.global_batch_size
+            pending = next(iterator)  # overlaps host input with the device step
+            if step % config.train.log_every_steps == 0 or step == total_steps:
+                last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                if not np.isfinite(last_metrics["loss"]):
+                    status = keys.ABORTED
+                    print(f"loss is {last_metrics['loss']} at step {step}: stopping.", flush=True)
+                    done = True
+                    break
+                mfu = None
+                if peak:
+                    mfu = progress.samples_per_s * flops_per_example[phase.name] / peak
+                progress.log(step, samples, last_metrics, mfu)
+            if samples >= next_eval or step == total_steps:
+                mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: block_start})
+                do_eval()
+                next_eval += eval_every
+                if reached and config.train.stop_at_target:
+                    done = True
+                    break
+                block_start = samples
+                mll.start(
+                    keys.BLOCK_START,
+                    metadata={keys.FIRST_EPOCH_NUM: samples, keys.EPOCH_COUNT: eval_every},
+                )
+        if done:
+            break
+    if not last_metrics:
+        last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    jax.block_until_ready(state)
+    run_time = time.perf_counter() - run_start
+    if status == keys.SUCCESS and not reached:
+        status = keys.ABORTED
+    mll.end(keys.RUN_STOP, metadata={keys.STATUS: status})
+    mll.close()
+
+    result = {
+        "benchmark": task.benchmark,
+        "variant": config.variant,
+        "steps": step,
+        "samples": samples,
+        "reached_target": reached,
+        "target_metric": task.target_metric,
+        "target": task.target_value,
+        "time_to_target_s": time_to_target,
+        "samples_to_target": samples_to_target,
+        "steps_to_target": steps_to_target,
+        "run_time_s": run_time,
+        "init_time_s": init_time,
+        "train_loss": last_metrics.get("loss", float("nan")),
+        "eval": eval_metrics,
+        "mesh": mesh_shape(partitioner.mesh),
+        "devices": jax.device_count(),
+        "platform": jax.devices()[0].platform,
+        "processes": jax.process_count(),
+        "params": param_count(trainer.layout),
+        "params_fingerprint": params_fingerprint(state["params"]),
+        "mllog": os.path.join(workdir, "mllog.txt"),
+        "status": status,
+    }
+    write_result(workdir, result)
+    if is_main:
+        print(summary_paragraph(result), flush=True)
+    return result

@@ -1,0 +1,124 @@
+"""Sharded train state: abstract init -> logical axes -> shardings -> jitted init.
+
+The full parameter set never exists on one host: the model is built abstractly
+(`nnx.eval_shape`), its logical annotations become PartitionSpecs through the
+Partitioner, and a jitted initialiser writes each shard straight onto its devices.
+The state is a plain dict {step, params, opt_state} of arrays (params as a nested
+dict), which optax, the step functions and checkpoints all handle directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from parallel.partition import Partitioner, is_logical_leaf
+
+PyTree = Any
+
+
+@dataclasses.dataclass
+class StateLayout:
+    """Everything the loop needs to build, shard and rebuild the model state."""
+
+    graphdef: Any
+    abstract_state: Any  # nnx.State template used to rebuild a model from pure params
+    logical: PyTree  # params-shaped tree of logical axis tuples
+    param_specs: PyTree
+    update_specs: PyTree  # WUS: where gradients, optimizer state and updates live
+    state_shardings: PyTree  # shardings of {step, params, opt_state}
+    abstract_train_state: PyTree  # ShapeDtypeStructs with shardings
+
+    def model(self, params: PyTree) -> nnx.Module:
+        """Rebuilds the NNX module around a pure params dict (inside a trace)."""
+        state = jax.tree.map(lambda x: x, self.abstract_state)  # fresh copy of the template
+        nnx.replace_by_pure_dict(state, params)
+        return nnx.merge(self.graphdef, state)
+
+
+def _logical_axes(abstract_state: nnx.State) -> PyTree:
+    return nnx.to_pure_dict(
+        abstract_state,
+        extract_fn=lambda v: tuple(v.get_metadata().get("out_sharding") or ()) or None,
+    )
+
+
+def param_count(layout: StateLayout) -> int:
+    shapes = layout.abstract_train_state["params"]
+    return int(sum(x.size for x in jax.tree.leaves(shapes)))
+
+
+def build_state_layout(
+    build_model: Callable[[nnx.Rngs], nnx.Module],
+    tx: optax.GradientTransformation,
+    partitioner: Partitioner,
+    seed: int,
+) -> StateLayout:
+    """Abstract model -> logical axes -> PartitionSpecs for params and optimizer state."""
+    abstract_model = nnx.eval_shape(lambda: build_model(nnx.Rngs(seed)))
+    graphdef, abstract_state = nnx.split(abstract_model)
+    logical = _logical_axes(abstract_state)
+    shapes = nnx.to_pure_dict(abstract_state)
+    # Parameters without annotations are replicated: fill in all-None axes.
+    logical = jax.tree.map(
+        lambda axes, s: axes if axes is not None else (None,) * len(s.shape),
+        logical,
+        shapes,
+        is_leaf=is_logical_leaf,
+    )
+    param_specs = partitioner.param_specs(logical, shapes)
+    update_specs = partitioner.update_specs(logical, shapes)
+    abstract_opt = jax.eval_shape(tx.init, shapes)
+    update_shardings = partitioner.to_shardings(update_specs)
+    # Optimizer leaves shaped like params follow the update (WUS) layout; counters etc.
+    # are replicated.
+    opt_shardings = optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        abstract_opt,
+        update_shardings,
+        transform_non_params=lambda _: partitioner.replicated(),
+        is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+    )
+    state_shardings = {
+        "step": partitioner.replicated(),
+        "params": partitioner.to_shardings(param_specs),
+        "opt_state": opt_shardings,
+    }
+    abstract_train_state = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+        {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": shapes, "opt_state": abstract_opt},
+        state_shardings,
+    )
+    return StateLayout(
+        graphdef,
+        abstract_state,
+        logical,
+        param_specs,
+        update_specs,
+        state_shardings,
+        abstract_train_state,
+    )
+
+
+def init_train_state(
+    build_model: Callable[[nnx.Rngs], nnx.Module],
+    tx: optax.GradientTransformation,
+    layout: StateLayout,
+    partitioner: Partitioner,
+    seed: int,
+) -> PyTree:
+    """Initialises the sharded state on the mesh (each device writes its own shards)."""
+
+    def init():
+        model = build_model(nnx.Rngs(seed))
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+
+    return partitioner.jit(init, out_shardings=layout.state_shardings)()

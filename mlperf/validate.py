@@ -1,0 +1,73 @@
+"""Config checks that run before anything is built or compiled.
+
+Each failure is one ConfigError naming the value and what would fix it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from parallel.mesh import MeshShapeError, resolve_shape
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message says which and how to fix it."""
+
+
+def mesh_sizes(config, num_devices: int) -> dict[str, int]:
+    """Axis sizes the config's mesh will have on `num_devices` devices."""
+    m = config.mesh
+    if len(m.axes) != len(m.ici_shape):
+        raise ConfigError(
+            f"mesh.axes={tuple(m.axes)} and mesh.ici_shape={tuple(m.ici_shape)} "
+            "must have the same length."
+        )
+    dcn = tuple(m.dcn_shape)
+    try:
+        dcn = resolve_shape(dcn, math.prod(d for d in dcn if d != -1) or 1, "mesh.dcn_shape")
+        slices = math.prod(dcn)
+        if num_devices % slices:
+            raise ConfigError(
+                f"mesh.dcn_shape={dcn} needs {slices} slices but {num_devices} "
+                "devices do not split into that many equal slices."
+            )
+        ici = resolve_shape(m.ici_shape, num_devices // slices, "mesh.ici_shape")
+    except MeshShapeError as e:
+        raise ConfigError(str(e)) from None
+    return {a: i * d for a, i, d in zip(m.axes, ici, dcn, strict=True)}
+
+
+def validate(config, num_devices: int) -> dict[str, int]:
+    """Checks the config against the device count; returns the mesh axis sizes."""
+    sizes = mesh_sizes(config, num_devices)
+    if "data" not in sizes:
+        raise ConfigError(f"mesh.axes={tuple(config.mesh.axes)} has no 'data' axis; add one.")
+    data = sizes["data"]
+    t = config.train
+    if t.microbatches < 1:
+        raise ConfigError(f"train.microbatches={t.microbatches} must be >= 1.")
+    batches = [("train.global_batch_size", t.global_batch_size, t.microbatches)]
+    if config.get("phase2") and config.phase2.enabled:
+        batches.append(
+            ("phase2.global_batch_size", config.phase2.global_batch_size, t.microbatches)
+        )
+        if config.phase2.start_samples <= 0 or config.phase2.steps <= 0:
+            raise ConfigError("phase2.enabled needs phase2.start_samples > 0 and phase2.steps > 0.")
+    for name, gbs, micro in batches:
+        if gbs <= 0 or gbs % (data * micro):
+            raise ConfigError(
+                f"{name}={gbs} is not divisible by data-axis size {data} x "
+                f"train.microbatches {micro} = {data * micro}; use a multiple of {data * micro}."
+            )
+    if t.eval_batch_size <= 0 or t.eval_batch_size % data:
+        raise ConfigError(
+            f"train.eval_batch_size={t.eval_batch_size} is not divisible by the "
+            f"data-axis size {data}; use a multiple of {data}."
+        )
+    if t.steps <= 0:
+        raise ConfigError(f"train.steps={t.steps} must be > 0.")
+    if config.precision.compute_dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(
+            f"precision.compute_dtype={config.precision.compute_dtype!r}: use float32 or bfloat16."
+        )
+    return sizes

@@ -1,0 +1,90 @@
+"""Build a named device mesh from config axes (ICI shape x DCN shape).
+
+This module is the only place that decides mesh axis types: meshes are built with
+`AxisType.Auto` so XLA's SPMD partitioner propagates shardings pjit-style (explicit
+"sharding in types" would force an `out_sharding` on every contracting matmul).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh
+
+
+class MeshShapeError(ValueError):
+    """A mesh shape that does not fit the available devices."""
+
+
+def resolve_shape(
+    shape: Sequence[int], num_devices: int, what: str = "ici_shape"
+) -> tuple[int, ...]:
+    """Fills the single `-1` entry of `shape` so that its product equals `num_devices`."""
+    shape = tuple(int(s) for s in shape)
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    if len(unknown) > 1:
+        raise MeshShapeError(f"{what}={shape} has more than one -1; give at most one.")
+    if any(s == 0 or s < -1 for s in shape):
+        raise MeshShapeError(f"{what}={shape} has a zero or negative size; sizes are >= 1 or -1.")
+    known = math.prod(s for s in shape if s != -1)
+    if unknown:
+        if num_devices % known:
+            raise MeshShapeError(
+                f"{what}={shape}: the known sizes multiply to {known}, which does not divide "
+                f"the {num_devices} devices; choose sizes whose product divides {num_devices}."
+            )
+        shape = tuple(num_devices // known if s == -1 else s for s in shape)
+    elif known != num_devices:
+        raise MeshShapeError(
+            f"{what}={shape} needs {known} devices but {num_devices} are available; "
+            f"make the product equal {num_devices} or use -1 for one axis."
+        )
+    return shape
+
+
+def build_mesh(
+    axes: Sequence[str],
+    ici_shape: Sequence[int],
+    dcn_shape: Sequence[int] | None = None,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
+    """Builds a Mesh with named `axes` over `devices` (default: all of `jax.devices()`).
+
+    `ici_shape` is the per-slice shape (one entry may be -1); `dcn_shape` (default all
+    ones) multiplies it across slices for a hybrid multi-slice mesh. Works for CPU
+    devices, TPU devices and TPU topology descriptions (AOT).
+    """
+    axes = tuple(axes)
+    devices = list(jax.devices() if devices is None else devices)
+    dcn = tuple(dcn_shape) if dcn_shape is not None else (1,) * len(axes)
+    if len(ici_shape) != len(axes) or len(dcn) != len(axes):
+        raise MeshShapeError(
+            f"mesh axes {axes} need one size each: got ici_shape={tuple(ici_shape)}, "
+            f"dcn_shape={dcn}."
+        )
+    num_slices = math.prod(resolve_shape(dcn, _count_slices(devices), "dcn_shape"))
+    per_slice = len(devices) // num_slices
+    ici = resolve_shape(ici_shape, per_slice, "ici_shape")
+    dcn = resolve_shape(dcn, num_slices, "dcn_shape")
+    if num_slices > 1:
+        device_array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+    elif devices[0].platform == "tpu":
+        # Physical-topology-aware placement so neighbouring mesh coordinates share ICI links.
+        device_array = mesh_utils.create_device_mesh(ici, devices)
+    else:
+        device_array = np.asarray(devices, dtype=object).reshape(ici)
+    return Mesh(device_array, axes, axis_types=(AxisType.Auto,) * len(axes))
+
+
+def _count_slices(devices: Sequence[jax.Device]) -> int:
+    slice_ids = {getattr(d, "slice_index", 0) for d in devices}
+    return max(len(slice_ids), 1)
+
+
+def mesh_shape(mesh: Mesh) -> dict[str, int]:
+    """Axis name -> size, in mesh order."""
+    return {name: int(size) for name, size in mesh.shape.items()}

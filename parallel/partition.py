@@ -1,0 +1,253 @@
+"""The Partitioner: owns the mesh and turns logical annotations into shardings.
+
+Everything else speaks logical axis names. The Partitioner maps them to mesh axes
+(parallel/rules.py), decides where parameters and optimizer state live (replicated,
+weight-update sharded, or FSDP), places activations, and assembles per-host numpy
+batches into global `jax.Array`s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from parallel.mesh import mesh_shape
+from parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
+
+PyTree = Any
+_ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar(
+    "active_partitioner", default=None
+)
+_MANUAL: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "manual_axes", default=frozenset()
+)
+
+
+def is_logical_leaf(x: Any) -> bool:
+    """Logical-axis trees hold tuples of names (or None) as leaves."""
+    return x is None or (isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataLayout:
+    """Where this host's rows sit in the global batch (t5x's DataLayout, simplified).
+
+    Hosts whose devices hold the same batch rows (model axis spanning hosts) get the
+    same `shard_index` and must feed identical data.
+    """
+
+    global_batch_size: int
+    host_batch_size: int
+    shard_index: int
+    shard_count: int
+
+    @property
+    def host_slice(self) -> slice:
+        start = self.shard_index * self.host_batch_size
+        return slice(start, start + self.host_batch_size)
+
+
+class Partitioner:
+    """Owns the mesh: shardings for logical trees, jit, activation constraints, batches."""
+
+    def __init__(
+        self,
+        mesh: Mesh,
+        rules: Rules = DEFAULT_RULES,
+        weight_update_sharding: bool = True,
+        fsdp: bool = False,
+        data_axis: str = "data",
+    ):
+        if data_axis not in mesh.axis_names:
+            raise ValueError(f"data axis {data_axis!r} is not a mesh axis {mesh.axis_names}.")
+        self.mesh = mesh
+        self.rules = rules
+        self.weight_update_sharding = weight_update_sharding
+        self.fsdp = fsdp
+        self.data_axis = data_axis
+
+    # ---- specs and shardings -------------------------------------------------------
+    @property
+    def data_size(self) -> int:
+        return int(self.mesh.shape[self.data_axis])
+
+    @property
+    def axis_sizes(self) -> dict[str, int]:
+        return mesh_shape(self.mesh)
+
+    def spec(self, logical_axes: Sequence[str | None] | None) -> PartitionSpec:
+        """PartitionSpec for one array's logical axes (None = fully replicated)."""
+        if logical_axes is None:
+            return PartitionSpec()
+        return logical_to_spec(logical_axes, self.rules)
+
+    def sharding(self, spec: PartitionSpec) -> NamedSharding:
+        return NamedSharding(self.mesh, spec)
+
+    def replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    def _add_data_axis(self, spec: PartitionSpec, shape: Sequence[int]) -> PartitionSpec:
+        """Shards the first free dimension divisible by the data-axis size over `data`.
+
+        This is weight-update sharding (ZeRO-1): state that is replicated over the data
+        axis gets split across it, so a gradient all-reduce becomes reduce-scatter +
+        all-gather. Arrays with no such dimension (biases of odd size, scalars) stay put.
+        """
+        entries = list(spec) + [None] * (len(shape) - len(spec))
+        used = {a for e in entries if e for a in ((e,) if isinstance(e, str) else e)}
+        if self.data_axis in used or self.data_size == 1:
+            return PartitionSpec(*entries)
+        sizes = self.axis_sizes
+        # Prefer an unsharded dimension; else share one with other axes, data-major, so a
+        # reduce-scatter over data yields exactly this layout.
+        for want_free in (True, False):
+            for i, (dim, entry) in enumerate(zip(shape, entries, strict=True)):
+                members = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
+                if want_free != (not members):
+                    continue
+                split = int(np.prod([sizes[m] for m in members])) if members else 1
+                if dim % (split * self.data_size) == 0:
+                    entries[i] = self.data_axis if not members else (self.data_axis, *members)
+                    return PartitionSpec(*entries)
+        return PartitionSpec(*entries)
+
+    def param_specs(self, logical: PyTree, shapes: PyTree) -> PyTree:
+        """PartitionSpecs for parameters (FSDP adds the data axis to parameters too)."""
+
+        def one(axes, shape):
+            spec = self.spec(axes)
+            return self._add_data_axis(spec, shape.shape) if self.fsdp else spec
+
+        return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)
+
+    def update_specs(self, logical: PyTree, shapes: PyTree) -> PyTree:
+        """PartitionSpecs for optimizer state and the update computation (WUS)."""
+
+        def one(axes, shape):
+            spec = self.spec(axes)
+            wus = self.weight_update_sharding or self.fsdp
+            return self._add_data_axis(spec, shape.shape) if wus else spec
+
+        return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)
+
+    def to_shardings(self, specs: PyTree) -> PyTree:
+        return jax.tree.map(self.sharding, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+    # ---- activations -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Partitioner]:
+        """Makes `constrain` place activations with this partitioner while tracing."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    @contextlib.contextmanager
+    def manual_over(self, *axes: str) -> Iterator[None]:
+        """Inside a shard_map manual over `axes`: `constrain` drops those axes."""
+        token = _MANUAL.set(_MANUAL.get() | frozenset(axes))
+        try:
+            yield
+        finally:
+            _MANUAL.reset(token)
+
+    def jit(
+        self,
+        fn: Callable,
+        in_shardings: Any = None,
+        out_shardings: Any = None,
+        donate_argnums: int | Sequence[int] = (),
+        static_argnums: int | Sequence[int] = (),
+    ) -> Callable:
+        """jax.jit with this partitioner active during tracing (for `constrain`)."""
+
+        def traced(*args, **kwargs):
+            # The abstract mesh lets shard_map regions place values on the auto axes.
+            with self.active(), jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+                return fn(*args, **kwargs)
+
+        kwargs = {}
+        if in_shardings is not None:
+            kwargs["in_shardings"] = in_shardings
+        if out_shardings is not None:
+            kwargs["out_shardings"] = out_shardings
+        return jax.jit(
+            traced, donate_argnums=donate_argnums, static_argnums=static_argnums, **kwargs
+        )
+
+    # ---- data --------------------------------------------------------------------------
+    def batch_spec(self, ndim: int) -> PartitionSpec:
+        return self.spec(("batch",) + (None,) * (ndim - 1))
+
+    def constrain_batch(self, x: jax.Array) -> jax.Array:
+        """Keeps an array's leading (batch) dimension sharded like the input batch."""
+        return jax.lax.with_sharding_constraint(x, self.sharding(self.batch_spec(x.ndim)))
+
+    def data_layout(self, global_batch_size: int) -> DataLayout:
+        """This process's contiguous slice of a global batch of `global_batch_size` rows."""
+        sharding = self.sharding(self.batch_spec(1))
+        index_map = sharding.addressable_devices_indices_map((global_batch_size,))
+        starts = sorted({(idx[0].start or 0) for idx in index_map.values()})
+        stops = sorted({(idx[0].stop or global_batch_size) for idx in index_map.values()})
+        start, stop = starts[0], stops[-1]
+        host_batch = stop - start
+        if host_batch <= 0 or global_batch_size % host_batch or start % host_batch:
+            raise ValueError(
+                f"global batch {global_batch_size} does not split into equal contiguous host "
+                f"slices on mesh {self.axis_sizes}; use a batch divisible by the data axis."
+            )
+        return DataLayout(
+            global_batch_size=global_batch_size,
+            host_batch_size=host_batch,
+            shard_index=start // host_batch,
+            shard_count=global_batch_size // host_batch,
+        )
+
+    def host_to_global(
+        self, host_batch: Mapping[str, np.ndarray], layout: DataLayout
+    ) -> dict[str, jax.Array]:
+        """Assembles this host's numpy batch into global arrays sharded over `batch`."""
+        out = {}
+        for name, local in host_batch.items():
+            if local.shape[0] != layout.host_batch_size:
+                raise ValueError(
+                    f"host batch field {name!r} has {local.shape[0]} rows, expected "
+                    f"{layout.host_batch_size} (global {layout.global_batch_size})."
+                )
+            global_shape = (layout.global_batch_size, *local.shape[1:])
+            sharding = self.sharding(self.batch_spec(local.ndim))
+            out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+        return out
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """Places an activation by logical axes; a no-op outside an active Partitioner."""
+    partitioner = _ACTIVE.get()
+    if partitioner is None:
+        return x
+    spec = partitioner.spec(tuple(logical_axes))
+    manual = _MANUAL.get()
+    if not manual:
+        return jax.lax.with_sharding_constraint(x, partitioner.sharding(spec))
+    # In a shard_map manual over some axes, only the remaining (auto) axes can be named.
+    entries = []
+    for entry in spec:
+        members = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
+        kept = tuple(m for m in members if m not in manual)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*entries)))
+
+
+def active_partitioner() -> Partitioner | None:
+    """The Partitioner active in this trace, if any."""
+    return _ACTIVE.get()

@@ -1,0 +1,77 @@
+"""Test set-up: 8 fake CPU devices before jax is imported, plus shared small configs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA_DIR = os.environ.get("MULTIPOD_DATA_DIR", os.path.join(REPO, "..", "shared", "data"))
+
+
+def small_bert_config(**overrides):
+    """A BERT config small enough to compile in seconds (synthetic data, fp32 compute)."""
+    from configs.bert import get_config
+
+    c = get_config("tiny")
+    c.model.update(
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        mlp_dim=64,
+        max_position=32,
+        dropout_rate=0.0,
+    )
+    c.data.update(seq_length=16, max_predictions=4, vocab_size=96)
+    c.precision.compute_dtype = "float32"
+    c.optimizer.update(learning_rate=1e-2, warmup_steps=2)
+    c.train.update(global_batch_size=16, steps=10, eval_batch_size=16, microbatches=1)
+    c.mesh.ici_shape = (2, 4)
+    for key, value in overrides.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def synthetic_bert_batch(
+    batch_size: int, seq: int = 16, preds: int = 4, vocab: int = 96, seed: int = 0
+) -> dict[str, np.ndarray]:
+    """A deterministic random BERT batch with padding and unused prediction slots."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(seq // 2, seq + 1, size=batch_size)
+    input_mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    input_ids = rng.integers(5, vocab, size=(batch_size, seq)).astype(np.int32) * input_mask
+    segment_ids = ((np.arange(seq)[None] >= (lengths[:, None] // 2)) * input_mask).astype(np.int32)
+    positions = np.stack(
+        [rng.choice(np.arange(1, seq // 2), preds, replace=False) for _ in range(batch_size)]
+    ).astype(np.int32)
+    weights = (rng.random((batch_size, preds)) < 0.8).astype(np.float32)
+    weights[:, 0] = 1.0
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions * (weights > 0),
+        "masked_lm_ids": rng.integers(5, vocab, size=(batch_size, preds)).astype(np.int32),
+        "masked_lm_weights": weights,
+        "next_sentence_labels": rng.integers(0, 2, size=(batch_size,)).astype(np.int32),
+    }
+
+
+@pytest.fixture(scope="session")
+def devices():
+    devs = jax.devices()
+    assert len(devs) == 8, "tests expect 8 fake CPU devices (conftest sets XLA_FLAGS)"
+    return devs

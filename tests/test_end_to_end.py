@@ -1,0 +1,135 @@
+"""End-to-end runs through mlperf.train.run: the tiny run reaches its target and writes a
+compliant MLPerf log; two-phase pretraining switches sequence length mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from configs.bert import get_config
+from mlperf.train import run
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("e2e")]
+
+RESULT_KEYS = {
+    "benchmark",
+    "variant",
+    "steps",
+    "samples",
+    "reached_target",
+    "time_to_target_s",
+    "train_loss",
+    "eval",
+    "mesh",
+    "devices",
+    "processes",
+    "params_fingerprint",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tiny")
+    result = run(get_config("tiny"), str(workdir))
+    return workdir, result
+
+
+def test_tiny_run_reaches_its_target(tiny_run):
+    workdir, result = tiny_run
+    assert result["reached_target"], result
+    assert result["eval"]["mlm_accuracy"] >= get_config("tiny").train.target
+    on_disk = json.loads((workdir / "result.json").read_text())
+    assert RESULT_KEYS <= set(on_disk)
+    assert on_disk["mesh"] == {"data": 2, "model": 4} and on_disk["devices"] == 8
+    assert len(on_disk["params_fingerprint"]) == 64
+
+
+def test_mllog_passes_the_compliance_checker_except_the_target(tiny_run):
+    workdir, _ = tiny_run
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mlperf_logging.compliance_checker",
+            "--usage",
+            "training",
+            "--ruleset",
+            "0.7.0",
+            str(workdir / "mllog.txt"),
+        ],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    assert "open_bert.yaml" in output, output  # the BERT rules were applied
+    failures = [
+        line
+        for line in output.splitlines()
+        if "Failed" in line or "ERROR - " in line and "FAILED" not in line
+    ]
+    # The tiny run's accuracy is far below BERT-large's 0.712, which the checker enforces.
+    assert failures == [
+        "WARNING -  Failed checks for eval_accuracy : v['value'] >= 0.712 and v['value'] < 1.0"
+    ], output
+
+
+def _text_corpus(path, docs=60, seed=0):
+    rng = np.random.default_rng(seed)
+    words = (
+        "the lobster sea claw red blue ocean species large small eggs larvae summer "
+        "crab shell water night day grow young adult rock mud food king"
+    ).split()
+    with open(path, "w") as f:
+        for _ in range(docs):
+            for _ in range(int(rng.integers(3, 8))):
+                f.write(" ".join(rng.choice(words, int(rng.integers(5, 14)))) + " .\n")
+            f.write("\n")
+    return str(path)
+
+
+def test_two_phase_run_switches_sequence_length(tmp_path):
+    c = get_config("tiny")
+    corpus = _text_corpus(tmp_path / "corpus.txt")
+    c.data.update(
+        corpus="files",
+        train_files=(corpus,),
+        eval_fraction=0.2,
+        vocab_size=128,
+        cache_dir=str(tmp_path / "cache"),
+        seq_length=16,
+        max_predictions=3,
+        max_eval_examples=32,
+    )
+    c.model.update(hidden_size=32, num_layers=1, num_heads=4, mlp_dim=64, max_position=32)
+    c.train.update(
+        global_batch_size=16,
+        eval_batch_size=16,
+        steps=10,
+        log_every_steps=5,
+        eval_every_samples=16 * 5,
+        target=2.0,
+    )  # unreachable: run every step
+    c.phase2.update(
+        enabled=True,
+        start_samples=16 * 10,
+        seq_length=32,
+        max_predictions=5,
+        global_batch_size=8,
+        learning_rate=1e-3,
+        warmup_steps=1,
+        steps=6,
+    )
+    result = run(c, str(tmp_path / "work"))
+    assert result["steps"] == 16
+    assert result["samples"] == 16 * 10 + 8 * 6
+    assert not result["reached_target"] and result["status"] == "aborted"
+    log = (tmp_path / "work" / "mllog.txt").read_text()
+    assert log.count('"key": "eval_accuracy"') >= 3
+    assert os.path.exists(tmp_path / "work" / "result.json")

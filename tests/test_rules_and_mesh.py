@@ -1,0 +1,91 @@
+"""Logical rules -> PartitionSpecs, mesh construction and its errors, DataLayout."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from parallel.mesh import MeshShapeError, build_mesh, resolve_shape
+from parallel.partition import Partitioner
+from parallel.rules import DEFAULT_RULES, SPATIAL_RULES, logical_to_spec, rules_from_config
+
+
+def test_default_rules_map_tensor_parallel_axes_to_model():
+    assert logical_to_spec(("batch", "length", "embed")) == P("data", None, None)
+    assert logical_to_spec(("embed", "heads", "kv")) == P(None, "model", None)
+    assert logical_to_spec(("embed", "mlp")) == P(None, "model")
+    assert logical_to_spec(("vocab", "embed")) == P("model", None)
+    assert logical_to_spec(("batch", "height", "width", "channels"), SPATIAL_RULES) == P(
+        "data", "model", None, None
+    )
+
+
+def test_a_mesh_axis_shards_one_dimension_only():
+    # heads and mlp both map to `model`: the second use falls back to replication.
+    assert logical_to_spec(("heads", "mlp")) == P("model", None)
+
+
+def test_unknown_logical_axis_is_a_clear_error():
+    with pytest.raises(KeyError, match="logical axis 'bogus' has no rule"):
+        logical_to_spec(("bogus",))
+
+
+def test_config_rules_take_precedence():
+    rules = rules_from_config([("embed", "model")])
+    assert logical_to_spec(("embed", "mlp"), rules) == P("model", None)
+    assert rules[len(rules) - len(DEFAULT_RULES) :] == DEFAULT_RULES
+
+
+def test_resolve_shape_fills_one_minus_one():
+    assert resolve_shape((-1, 4), 8) == (2, 4)
+    assert resolve_shape((2, -1), 8) == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ((3, -1), "the known sizes multiply to 3, which does not divide the 8 devices"),
+        ((2, 2), r"needs 4 devices but 8 are available"),
+        ((-1, -1), "more than one -1"),
+    ],
+)
+def test_bad_mesh_shapes_name_both_numbers(shape, message):
+    with pytest.raises(MeshShapeError, match=message):
+        resolve_shape(shape, 8)
+
+
+def test_build_mesh_uses_every_device_with_auto_axes(devices):
+    mesh = build_mesh(("data", "model"), (-1, 4))
+    assert dict(mesh.shape) == {"data": 2, "model": 4}
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def test_multislice_shape_needs_slices():
+    with pytest.raises(MeshShapeError, match="dcn_shape"):
+        build_mesh(("data", "model"), (-1, 4), dcn_shape=(2, 1))
+
+
+def test_data_layout_and_host_to_global(devices):
+    partitioner = Partitioner(build_mesh(("data", "model"), (2, 4)))
+    layout = partitioner.data_layout(16)
+    # One process holds every device: its slice is the whole batch.
+    assert (layout.host_batch_size, layout.shard_index, layout.shard_count) == (16, 0, 1)
+    host = {"x": np.arange(16 * 3).reshape(16, 3).astype(np.int32)}
+    arrays = partitioner.host_to_global(host, layout)
+    assert arrays["x"].sharding.spec == P("data", None)
+    np.testing.assert_array_equal(np.asarray(arrays["x"]), host["x"])
+    with pytest.raises(ValueError, match="has 8 rows, expected 16"):
+        partitioner.host_to_global({"x": host["x"][:8]}, layout)
+
+
+def test_weight_update_sharding_adds_the_data_axis(devices):
+    partitioner = Partitioner(build_mesh(("data", "model"), (2, 4)))
+    # A free dimension divisible by the data size takes the data axis.
+    assert partitioner._add_data_axis(P(None, "model"), (32, 64)) == P("data", "model")
+    # No free dimension: shares the model-sharded one, data-major.
+    assert partitioner._add_data_axis(P("model"), (64,)) == P(("data", "model"))
+    # Nothing divisible: stays as it was (replicated over data).
+    assert partitioner._add_data_axis(P(None), (3,)) == P(None)
