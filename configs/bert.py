@@ -110,29 +110,31 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             num_layers=2,
             num_heads=4,
             mlp_dim=512,
-            max_position=128,
+            max_position=64,
             dropout_rate=0.0,
         )
         c.data.update(
             corpus="stdlib",
             vocab_file="",
             vocab_size=2048,
-            seq_length=64,
-            max_predictions=10,
+            seq_length=32,
+            max_predictions=5,
             dupe_factor=2,
             eval_fraction=0.05,
             max_eval_examples=1024,
         )
         c.mesh.ici_shape = (2, 4)
         c.precision.compute_dtype = "float32"
-        c.optimizer.update(learning_rate=4e-3, warmup_steps=50, weight_decay=0.01)
+        c.optimizer.update(learning_rate=1e-2, warmup_steps=50, weight_decay=0.01)
+        # Measured: 0.125 is reached after ~450-600 steps (~2 min on 2 cores), about
+        # 2.3x the unigram baseline (0.055 at step 50); see README "Results".
         c.train.update(
             global_batch_size=64,
-            steps=1200,
-            eval_every_samples=64 * 100,
+            steps=1000,
+            eval_every_samples=64 * 50,
             eval_batch_size=256,
-            log_every_steps=25,
-            target=0.30,
+            log_every_steps=50,
+            target=0.125,
         )
     elif arg == "wikitext":
         c.model.update(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -27,7 +28,7 @@ from mlperf.tasks import get_task
 from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
 from mlperf.validate import validate
 from parallel.mesh import build_mesh, mesh_shape
-from parallel.partition import Partitioner
+from parallel.partition import DataLayout, Partitioner
 from parallel.rules import rules_from_config
 
 
@@ -127,6 +128,109 @@ def _eval_interval(config, phases: list[Phase]) -> int:
     return max(total // 10, phases[0].global_batch_size)
 
 
+@dataclasses.dataclass
+class _PhaseRun:
+    """One phase, ready to run: its data layout, iterator, first batch, compiled step."""
+
+    phase: Phase
+    layout: DataLayout
+    iterator: Iterator[dict[str, np.ndarray]]
+    pending: dict[str, np.ndarray]
+    step_fn: Any
+
+
+class _Loop:
+    """The training loop's running state: counters, evals, the MLPerf block structure."""
+
+    def __init__(self, trainer: Trainer, evaluator: Evaluator, mll: MlLog, is_main: bool):
+        self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
+        self.task = trainer.task
+        phases = trainer.phases
+        self.total_steps = sum(p.steps for p in phases)
+        self.eval_every = _eval_interval(trainer.config, phases)
+        self.progress = Progress(self.total_steps, self.task.target_metric, enabled=is_main)
+        self.step = self.samples = 0
+        self.next_eval = self.eval_every
+        self.eval_metrics: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
+        self.reached = False
+        self.to_target: dict[str, Any] = {}
+        self.status = keys.SUCCESS
+        self.start = time.perf_counter()
+
+    def _open_block(self) -> None:
+        meta = {keys.FIRST_EPOCH_NUM: self.samples, keys.EPOCH_COUNT: self.eval_every}
+        self.mll.start(keys.BLOCK_START, metadata=meta)
+        self.mll.start(keys.EPOCH_START, metadata={keys.EPOCH_NUM: self.samples})
+        self._block_start = self.samples
+
+    def _close_block(self) -> None:
+        self.mll.end(keys.EPOCH_STOP, metadata={keys.EPOCH_NUM: self.samples})
+        self.mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self._block_start})
+
+    def _evaluate(self, params) -> None:
+        samples = self.samples
+        self.mll.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
+        self.eval_metrics = self.evaluator.evaluate(params)
+        value = self.eval_metrics[self.task.target_metric]
+        self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
+        self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
+        self.progress.eval_done(samples, value)
+        if self.is_main:
+            shown = ", ".join(
+                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                for k, v in self.eval_metrics.items()
+            )
+            print(f"eval @ {samples} samples (step {self.step}): {shown}", flush=True)
+        if not self.reached and value >= self.task.target_value:
+            self.reached = True
+            self.to_target = {
+                "time_to_target_s": time.perf_counter() - self.start,
+                "samples_to_target": samples,
+                "steps_to_target": self.step,
+            }
+
+    def _log(self, metrics) -> bool:
+        """Fetches the step metrics and prints progress; False when the loss is not finite."""
+        self.last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not np.isfinite(self.last_metrics["loss"]):
+            self.status = keys.ABORTED
+            print(f"loss is {self.last_metrics['loss']} at step {self.step}: stopping.", flush=True)
+            return False
+        self.progress.log(self.step, self.samples, self.last_metrics, mfu=None)
+        return True
+
+    def run(self, state, key, phase_runs: list[_PhaseRun]):
+        """Trains through every phase until the target (or the step budget)."""
+        config = self.trainer.config
+        partitioner = self.trainer.partitioner
+        metrics = None
+        self._open_block()
+        for pr in phase_runs:
+            for _ in range(pr.phase.steps):
+                batch = partitioner.host_to_global(pr.pending, pr.layout)
+                state, metrics = pr.step_fn(state, batch, key)
+                self.step += 1
+                self.samples += pr.phase.global_batch_size
+                pr.pending = next(pr.iterator)  # host input overlaps the device step
+                last = self.step == self.total_steps
+                if (self.step % config.train.log_every_steps == 0 or last) and not self._log(
+                    metrics
+                ):
+                    return state
+                if self.samples >= self.next_eval or last:
+                    self._close_block()
+                    self._evaluate(state["params"])
+                    self.next_eval += self.eval_every
+                    if self.reached and config.train.stop_at_target:
+                        return state
+                    if not last:
+                        self._open_block()
+        if not self.last_metrics and metrics is not None:
+            self._log(metrics)
+        return state
+
+
 def run(config, workdir: str) -> dict[str, Any]:
     """Trains to the target (or the step budget) and returns the result dict."""
     init_wall = time.time()
@@ -146,15 +250,12 @@ def run(config, workdir: str) -> dict[str, Any]:
     # Data iterators and compiled steps for every phase, all before run_start.
     phase_runs = []
     for phase in phases:
-        data_layout = partitioner.data_layout(phase.global_batch_size)
+        layout = partitioner.data_layout(phase.global_batch_size)
         iterator = iter(
-            task.train_data(
-                phase, data_layout.host_batch_size, data_layout.shard_index, data_layout.shard_count
-            )
+            task.train_data(phase, layout.host_batch_size, layout.shard_index, layout.shard_count)
         )
-        first = next(iterator)
-        compiled = trainer.lower_train_step(phase).compile()
-        phase_runs.append((phase, data_layout, iterator, first, compiled))
+        step_fn = trainer.lower_train_step(phase).compile()
+        phase_runs.append(_PhaseRun(phase, layout, iterator, next(iterator), step_fn))
     eval_layout = partitioner.data_layout(config.train.eval_batch_size)
     eval_batches = task.eval_data(
         config.train.eval_batch_size, eval_layout.shard_index, eval_layout.shard_count
@@ -164,107 +265,36 @@ def run(config, workdir: str) -> dict[str, Any]:
     )
     state = trainer.init_state()
     key = jax.device_put(jax.random.key(config.seed), partitioner.replicated())
-
-    total_steps = sum(p.steps for p in phases)
-    total_samples = sum(p.steps * p.global_batch_size for p in phases)
-    eval_every = _eval_interval(config, phases)
-    mll.event(keys.TRAIN_SAMPLES, total_samples)
+    mll.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
     mll.event(keys.EVAL_SAMPLES, task.num_eval_examples())
     mll.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
 
     mll.start(keys.RUN_START)
-    run_start = time.perf_counter()
-    progress = Progress(total_steps, task.target_metric, enabled=is_main)
-    flops_per_example = {p.name: task.flops_per_example(p) for p in phases}
-    peak = config.get("device_peak_flops", 0.0) or None
-
-    step = samples = 0
-    next_eval = eval_every
-    reached, time_to_target, samples_to_target, steps_to_target = False, None, None, None
-    eval_metrics: dict[str, float] = {}
-    last_metrics: dict[str, float] = {}
-    status = keys.SUCCESS
-    block_start = 0
-    mll.start(keys.BLOCK_START, metadata={keys.FIRST_EPOCH_NUM: 0, keys.EPOCH_COUNT: eval_every})
-
-    def do_eval():
-        nonlocal eval_metrics, reached, time_to_target, samples_to_target, steps_to_target
-        mll.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
-        eval_metrics = evaluator.evaluate(state["params"])
-        value = eval_metrics[task.target_metric]
-        mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
-        mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
-        progress.eval_done(samples, value)
-        if is_main:
-            shown = ", ".join(
-                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                for k, v in eval_metrics.items()
-            )
-            print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
-        if not reached and value >= task.target_value:
-            reached = True
-            time_to_target = time.perf_counter() - run_start
-            samples_to_target, steps_to_target = samples, step
-
-    done = False
-    for phase, data_layout, iterator, first, compiled in phase_runs:
-        pending = first
-        for _ in range(phase.steps):
-            batch = partitioner.host_to_global(pending, data_layout)
-            state, metrics = compiled(state, batch, key)
-            step += 1
-            samples += phase.global_batch_size
-            pending = next(iterator)  # overlaps host input with the device step
-            if step % config.train.log_every_steps == 0 or step == total_steps:
-                last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                if not np.isfinite(last_metrics["loss"]):
-                    status = keys.ABORTED
-                    print(f"loss is {last_metrics['loss']} at step {step}: stopping.", flush=True)
-                    done = True
-                    break
-                mfu = None
-                if peak:
-                    mfu = progress.samples_per_s * flops_per_example[phase.name] / peak
-                progress.log(step, samples, last_metrics, mfu)
-            if samples >= next_eval or step == total_steps:
-                mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: block_start})
-                do_eval()
-                next_eval += eval_every
-                if reached and config.train.stop_at_target:
-                    done = True
-                    break
-                block_start = samples
-                mll.start(
-                    keys.BLOCK_START,
-                    metadata={keys.FIRST_EPOCH_NUM: samples, keys.EPOCH_COUNT: eval_every},
-                )
-        if done:
-            break
-    if not last_metrics:
-        last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    loop = _Loop(trainer, evaluator, mll, is_main)
+    state = loop.run(state, key, phase_runs)
     jax.block_until_ready(state)
-    run_time = time.perf_counter() - run_start
-    if status == keys.SUCCESS and not reached:
-        status = keys.ABORTED
+    run_time = time.perf_counter() - loop.start
+    status = loop.status if loop.reached else keys.ABORTED
     mll.end(keys.RUN_STOP, metadata={keys.STATUS: status})
     mll.close()
 
     result = {
         "benchmark": task.benchmark,
         "variant": config.variant,
-        "steps": step,
-        "samples": samples,
-        "reached_target": reached,
+        "steps": loop.step,
+        "samples": loop.samples,
+        "reached_target": loop.reached,
         "target_metric": task.target_metric,
         "target": task.target_value,
-        "time_to_target_s": time_to_target,
-        "samples_to_target": samples_to_target,
-        "steps_to_target": steps_to_target,
+        "time_to_target_s": None,
+        "samples_to_target": None,
+        "steps_to_target": None,
+        **loop.to_target,
         "run_time_s": run_time,
         "init_time_s": init_time,
-        "train_loss": last_metrics.get("loss", float("nan")),
-        "eval": eval_metrics,
+        "train_loss": loop.last_metrics.get("loss", float("nan")),
+        "eval": loop.eval_metrics,
         "mesh": mesh_shape(partitioner.mesh),
         "devices": jax.device_count(),
         "platform": jax.devices()[0].platform,

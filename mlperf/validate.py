@@ -70,4 +70,9 @@ def validate(config, num_devices: int) -> dict[str, int]:
         raise ConfigError(
             f"precision.compute_dtype={config.precision.compute_dtype!r}: use float32 or bfloat16."
         )
+    if config.precision.param_dtype != "float32":
+        raise ConfigError(
+            f"precision.param_dtype={config.precision.param_dtype!r}: master "
+            "parameters and optimizer state are kept in float32; use float32."
+        )
     return sizes

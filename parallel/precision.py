@@ -22,12 +22,6 @@ class Policy:
     compute_dtype: jnp.dtype = jnp.bfloat16
     output_dtype: jnp.dtype = jnp.float32
 
-    def cast_to_compute(self, x):
-        return x.astype(self.compute_dtype)
-
-    def cast_to_output(self, x):
-        return x.astype(self.output_dtype)
-
 
 def dtype_from_name(name: str) -> jnp.dtype:
     """'bfloat16' -> jnp.bfloat16, with a clear error for unknown names."""

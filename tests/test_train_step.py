@@ -118,3 +118,18 @@ def test_einsum_path_has_no_gather_or_scatter_and_matches_gather_path(devices):
     assert hlo_op_stats(hlo_g)["gather_scatter"] > 0  # the check can see gathers at all
     report = inspect_config(small_bert_config(einsum_gather=True), devices)
     assert report["gather_scatter"] == 0  # the whole train step, forward and backward
+
+
+def test_bf16_policy_runs_matmuls_in_bf16_with_fp32_state(devices):
+    config = small_bert_config(**{"precision.compute_dtype": "bfloat16"})
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    # The program as written (the CPU compiler later widens bf16 dots it cannot run
+    # natively; TPU keeps them): the model's matmuls take bf16 operands.
+    text = trainer.lower_train_step(trainer.phases[0]).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    bf16_dots = [line for line in dots if "xbf16>" in line.split(":")[-1].split("->")[0]]
+    assert len(dots) > 10 and len(bf16_dots) >= 0.8 * len(dots), (len(bf16_dots), len(dots))
+    state = trainer.layout.abstract_train_state
+    assert {x.dtype for x in jax.tree.leaves(state["params"])} == {np.dtype("float32")}
+    opt_dtypes = {x.dtype for x in jax.tree.leaves(state["opt_state"])}
+    assert opt_dtypes <= {np.dtype("float32"), np.dtype("int32")}

@@ -14,7 +14,7 @@ from input_pipeline.pretraining_examples import feature_spec
 from mlperf.bert.model import BertConfig, BertForPreTraining
 from mlperf.mllog import keys
 from mlperf.task import Phase
-from parallel.precision import dtype_from_name
+from parallel.precision import policy_from_config
 
 
 def _cross_entropy(logits: jax.Array, labels: jax.Array, einsum_gather: bool) -> jax.Array:
@@ -123,7 +123,9 @@ class BertTask:
             type_vocab_size=m.type_vocab_size,
             dropout_rate=m.dropout_rate,
             einsum_gather=self.config.einsum_gather,
-            compute_dtype=dtype_from_name(self.config.precision.compute_dtype),
+            compute_dtype=policy_from_config(
+                self.config.precision.compute_dtype, self.config.precision.param_dtype
+            ).compute_dtype,
         )
 
     def build_model(self, rngs: nnx.Rngs) -> BertForPreTraining:
