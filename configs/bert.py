@@ -139,10 +139,10 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     elif arg == "wikitext":
         c.model.update(
             hidden_size=256,
-            num_layers=4,
+            num_layers=2,
             num_heads=4,
             mlp_dim=1024,
-            max_position=128,
+            max_position=64,
             dropout_rate=0.0,
         )
         c.data.update(
@@ -151,8 +151,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             train_files=("wikitext2_valid_test/valid.txt", "tinyshakespeare/input.txt"),
             eval_files=("wikitext2_valid_test/test.txt",),
             vocab_file="bert_base_uncased_vocab/vocab.txt",
-            seq_length=128,
-            max_predictions=20,
+            seq_length=64,
+            max_predictions=10,
             dupe_factor=2,
             max_eval_examples=2048,
         )
@@ -161,11 +161,11 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         c.einsum_gather = False
         c.mesh.ici_shape = (-1, 1)
         c.precision.compute_dtype = "float32"
-        c.optimizer.update(learning_rate=2e-3, warmup_steps=100)
+        c.optimizer.update(learning_rate=1e-2, warmup_steps=50)
         c.train.update(
             global_batch_size=64,
-            steps=3000,
-            eval_every_samples=64 * 250,
+            steps=900,
+            eval_every_samples=64 * 100,
             eval_batch_size=256,
             log_every_steps=50,
             target=0.30,

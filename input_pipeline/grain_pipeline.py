@@ -27,6 +27,59 @@ class ToNumpy(grain.MapTransform):
         return {k: np.asarray(v, dtype=self._dtypes.get(k)) for k, v in element.items()}
 
 
+class GlobalOrderHostRows:
+    """This host's rows of an endless stream of global batches, as a random-access source.
+
+    The stream is the concatenation of epochs, each a fresh seeded permutation of all
+    records; global batch b is stream positions [b*G, (b+1)*G) and host h of n owns rows
+    [h*G/n, (h+1)*G/n) of it. So a host reads only its own records, the hosts of one
+    global batch read disjoint records whose union is that batch, an epoch covers every
+    record once, and global batch b is the same whatever the number of hosts (1 process
+    x 8 devices trains on exactly the data of 2 processes x 4 devices).
+    """
+
+    def __init__(
+        self,
+        source: Sequence[Any],
+        host_batch_size: int,
+        shard_index: int,
+        shard_count: int,
+        seed: int,
+    ):
+        self._source = source
+        self._num_records = len(source)
+        self._host_batch = host_batch_size
+        self._global_batch = host_batch_size * shard_count
+        self._offset = shard_index * host_batch_size
+        self._seed = seed
+        self._perm_epoch = -1
+        self._perm = np.empty(0, np.int64)
+
+    def __len__(self) -> int:
+        return 2**62  # endless; grain's sampler walks it lazily
+
+    def __repr__(self) -> str:
+        # Grain checks a restored iterator state against repr(data_source).
+        return (
+            f"GlobalOrderHostRows(records={self._num_records}, "
+            f"global_batch={self._global_batch}, host_batch={self._host_batch}, "
+            f"offset={self._offset}, seed={self._seed}, source={self._source!r})"
+        )
+
+    def record_index(self, k: int) -> int:
+        """Index into the source of this host's k-th row."""
+        batch, row = divmod(k, self._host_batch)
+        position = batch * self._global_batch + self._offset + row
+        epoch, i = divmod(position, self._num_records)
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self._seed, epoch]).permutation(self._num_records)
+            self._perm_epoch = epoch
+        return int(self._perm[i])
+
+    def __getitem__(self, k: int) -> Any:
+        return self._source[self.record_index(k)]
+
+
 def train_loader(
     source: Sequence[Any],
     host_batch_size: int,
@@ -35,28 +88,23 @@ def train_loader(
     shard_count: int,
     dtypes: Mapping[str, str],
 ) -> grain.DataLoader:
-    """An infinite shuffled loader over this host's shard of source.
+    """An endless loader of this host's rows of the global batches (GlobalOrderHostRows).
 
-    Shard i of n holds a contiguous 1/n of the record indices (grain's even split, sizes
-    differ by at most one; see shard_size), so the shards are disjoint and their union is
-    the whole source. Each epoch of a shard is a fresh permutation of it, and batches run
-    across epoch boundaries, so no record is dropped. (The stream is infinite on purpose:
-    grain 0.2's DataLoader cuts a finite sharded sampler to num_records // n per shard,
-    silently dropping the remainder.)
+    The global batch is host_batch_size x shard_count. The iterator is checkpointable
+    (get_state / set_state): its state is the position in the stream.
     """
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"shard_index {shard_index} not in [0, {shard_count})")
     if host_batch_size < 1:
         raise ValueError(f"host_batch_size must be >= 1, got {host_batch_size}")
+    if len(source) == 0:
+        raise ValueError("the training set is empty")
+    rows = GlobalOrderHostRows(source, host_batch_size, shard_index, shard_count, seed)
     sampler = grain.IndexSampler(
-        num_records=len(source),
-        shard_options=grain.ShardOptions(shard_index, shard_count, drop_remainder=False),
-        shuffle=True,
-        num_epochs=None,
-        seed=seed,
+        num_records=len(rows), shard_options=grain.NoSharding(), shuffle=False, num_epochs=1
     )
     return grain.DataLoader(
-        data_source=source,
+        data_source=rows,
         sampler=sampler,
         operations=[ToNumpy(dtypes), grain.Batch(host_batch_size, drop_remainder=True)],
         # In-process reading: the examples are small and pre-built, so worker processes

@@ -62,7 +62,7 @@ def bench_config(config, steps: int, repeats: int) -> dict:
     )
     compiled = trainer.lower_train_step(phase).compile()
     state = trainer.init_state()
-    key = jax.device_put(jax.random.key(0), partitioner.replicated())
+    key = partitioner.replicate(lambda: jax.random.key(0))
     batch = partitioner.host_to_global(next(iterator), layout)
     state, metrics = compiled(state, batch, key)  # warm-up
     jax.block_until_ready(metrics)

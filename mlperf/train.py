@@ -9,6 +9,7 @@ write the MLPerf log, result.json and a closing summary.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -142,8 +143,14 @@ class _PhaseRun:
 class _Loop:
     """The training loop's running state: counters, evals, the MLPerf block structure."""
 
-    def __init__(self, trainer: Trainer, evaluator: Evaluator, mll: MlLog, is_main: bool):
+    def __init__(
+        self, trainer: Trainer, evaluator: Evaluator, mll: MlLog, is_main: bool, workdir: str
+    ):
         self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
+        # One JSON object per logged step and per eval, for plots and run comparisons.
+        self.metrics_path = os.path.join(workdir, "metrics.jsonl")
+        if is_main:
+            open(self.metrics_path, "w").close()
         self.task = trainer.task
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
@@ -176,6 +183,7 @@ class _Loop:
         self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
         self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
         self.progress.eval_done(samples, value)
+        self._record({"kind": "eval", **self.eval_metrics})
         if self.is_main:
             shown = ", ".join(
                 f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
@@ -198,7 +206,15 @@ class _Loop:
             print(f"loss is {self.last_metrics['loss']} at step {self.step}: stopping.", flush=True)
             return False
         self.progress.log(self.step, self.samples, self.last_metrics, mfu=None)
+        self._record(
+            {"kind": "train", **self.last_metrics, "samples_per_s": self.progress.samples_per_s}
+        )
         return True
+
+    def _record(self, entry: dict[str, Any]) -> None:
+        if self.is_main:
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps({"step": self.step, "samples": self.samples, **entry}) + "\n")
 
     def run(self, state, key, phase_runs: list[_PhaseRun]):
         """Trains through every phase until the target (or the step budget)."""
@@ -264,14 +280,14 @@ def run(config, workdir: str) -> dict[str, Any]:
         task, trainer.layout, partitioner, eval_batches, config.train.eval_batch_size
     )
     state = trainer.init_state()
-    key = jax.device_put(jax.random.key(config.seed), partitioner.replicated())
+    key = partitioner.replicate(lambda: jax.random.key(config.seed))
     mll.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
     mll.event(keys.EVAL_SAMPLES, task.num_eval_examples())
     mll.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
 
     mll.start(keys.RUN_START)
-    loop = _Loop(trainer, evaluator, mll, is_main)
+    loop = _Loop(trainer, evaluator, mll, is_main, workdir)
     state = loop.run(state, key, phase_runs)
     jax.block_until_ready(state)
     run_time = time.perf_counter() - loop.start

@@ -94,6 +94,11 @@ class Partitioner:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
+    def replicate(self, make: Callable[[], Any]) -> Any:
+        """A value made on every device of the mesh (works across processes, unlike
+        device_put, which needs addressable devices)."""
+        return jax.jit(make, out_shardings=self.replicated())()
+
     def _add_data_axis(self, spec: PartitionSpec, shape: Sequence[int]) -> PartitionSpec:
         """Shards the first free dimension divisible by the data-axis size over `data`.
 

@@ -19,7 +19,7 @@ def run_steps(config, devices, batches):
     phase = trainer.phases[0]
     step = trainer.lower_train_step(phase).compile()
     state = trainer.init_state()
-    key = jax.device_put(jax.random.key(0), trainer.partitioner.replicated())
+    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
     layout = trainer.partitioner.data_layout(phase.global_batch_size)
     losses = []
     for host_batch in batches:
