@@ -50,6 +50,7 @@ def _base() -> ConfigDict:
             seed=12345,
             eval_fraction=0.05,
             max_eval_examples=0,
+            input_workers=0,  # grain worker processes per host (0: read in-process)
         )
     )
     c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))

@@ -49,7 +49,7 @@ class BertData:
             self.num_train_examples, self.shard_index, self.shard_count
         )
 
-    def train_iterator(self, host_batch_size: int, seed: int):
+    def train_iterator(self, host_batch_size: int, seed: int, worker_count: int = 0):
         """Infinite shuffled host batches of this host's train shard (epochs repeat).
 
         The grain iterator is checkpointable: get_state() / set_state(state).
@@ -61,6 +61,7 @@ class BertData:
             self.shard_index,
             self.shard_count,
             self.dtypes,
+            worker_count=worker_count,
         )
         return iter(loader)
 

@@ -87,8 +87,12 @@ def train_loader(
     shard_index: int,
     shard_count: int,
     dtypes: Mapping[str, str],
+    worker_count: int = 0,
 ) -> grain.DataLoader:
     """An endless loader of this host's rows of the global batches (GlobalOrderHostRows).
+
+    worker_count > 0 reads in that many grain worker processes (launch.bench measures
+    which count pays off; pre-built examples are cheap, so the default reads in-process).
 
     The global batch is host_batch_size x shard_count. The iterator is checkpointable
     (get_state / set_state): its state is the position in the stream.
@@ -107,9 +111,7 @@ def train_loader(
         data_source=rows,
         sampler=sampler,
         operations=[ToNumpy(dtypes), grain.Batch(host_batch_size, drop_remainder=True)],
-        # In-process reading: the examples are small and pre-built, so worker processes
-        # would cost more in start-up and pickling than they save.
-        worker_count=0,
+        worker_count=worker_count,
     )
 
 

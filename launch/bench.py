@@ -28,6 +28,9 @@ _MESH = flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed train steps per repeat.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Repeats; the median is reported.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
+_INPUT_WORKERS = flags.DEFINE_list(
+    "input_workers", ["0", "1", "2", "4"], "Grain worker counts whose host input rate to report."
+)
 
 MIN_INPUT_RATIO = 3.0
 
@@ -47,7 +50,25 @@ def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
     return 2.0 * n**3 / statistics.median(times)
 
 
-def bench_config(config, steps: int, repeats: int) -> dict:
+def host_input_rate(trainer, phase, layout, workers: int, batches: int) -> float:
+    """One host's input examples/s with `workers` grain worker processes (0: in-process)."""
+    trainer.config.data.input_workers = workers
+    iterator = iter(
+        trainer.task.train_data(
+            phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+        )
+    )
+    for _ in range(2):  # worker start-up and first reads are not the steady state
+        next(iterator)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    rate = batches * layout.host_batch_size / (time.perf_counter() - start)
+    del iterator
+    return rate
+
+
+def bench_config(config, steps: int, repeats: int, input_workers: list[int]) -> dict:
     """Measures the train step and the input pipeline of the first phase."""
     from mlperf.train import build_trainer
 
@@ -84,7 +105,12 @@ def bench_config(config, steps: int, repeats: int) -> dict:
     input_per_s = statistics.median(input_rates)
     peak = measure_matmul_peak()
     model_flops = trainer.task.flops_per_example(phase) * examples_per_s
+    workers_rates = {
+        str(w): host_input_rate(trainer, phase, layout, w, batches=max(steps, 20))
+        for w in input_workers
+    }
     return {
+        "host_input_examples_per_s_by_workers": workers_rates,
         "config": f"{config.benchmark}:{config.variant}",
         "mesh": dict(partitioner.mesh.shape),
         "global_batch_size": phase.global_batch_size,
@@ -104,7 +130,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
     apply_mesh_override(config, _MESH.value)
-    r = bench_config(config, _STEPS.value, _REPEATS.value)
+    r = bench_config(config, _STEPS.value, _REPEATS.value, [int(w) for w in _INPUT_WORKERS.value])
     if _JSON.value:
         print(json.dumps(r, indent=2))
         return
@@ -117,6 +143,8 @@ def main(argv: list[str]) -> None:
         f"{r['input_to_step_ratio']:.1f}x the step's consumption "
         f"({'OK' if r['input_keeps_up'] else 'TOO SLOW: input would starve the step'})"
     )
+    for workers, rate in r["host_input_examples_per_s_by_workers"].items():
+        print(f"  one host's input with {workers} grain workers: {rate:.1f} examples/s")
     if not r["input_keeps_up"]:
         raise SystemExit(1)
 

@@ -1,9 +1,10 @@
 """Train one benchmark config: `python -m launch.train --config configs/bert.py:tiny --workdir W`.
 
-Overrides: `--config.train.steps=100`. Multi-host (one process per host) joins
-`jax.distributed` first: on Cloud TPU with no arguments, on CPU with an explicit
-coordinator (`--coordinator 127.0.0.1:PORT --num_processes N --process_id I`, or the
-MULTIPOD_COORDINATOR / MULTIPOD_NUM_PROCESSES / MULTIPOD_PROCESS_ID variables).
+Overrides: `--config.train.steps=100`. Multi-host (one process per host, the same
+command on every host) joins `jax.distributed` first: on Cloud TPU VM pods with
+`--tpu_pod`, on CPU with `--coordinator 127.0.0.1:PORT --num_processes N --process_id I`
+(or MULTIPOD_COORDINATOR / MULTIPOD_NUM_PROCESSES / MULTIPOD_PROCESS_ID, which
+`launch.local` sets).
 """
 
 from __future__ import annotations
@@ -14,63 +15,55 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from launch.distributed import DistributedSetupError, init_distributed
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Where the MLPerf log, result.json and checkpoints go.", required=True
+    "workdir", None, "Where the MLPerf log, result.json and metrics go.", required=True
 )
 _COORDINATOR = flags.DEFINE_string(
-    "coordinator",
-    os.environ.get("MULTIPOD_COORDINATOR"),
-    "host:port of process 0 for jax.distributed (CPU multi-process).",
+    "coordinator", os.environ.get("MULTIPOD_COORDINATOR"), "host:port of process 0 (CPU runs)."
 )
 _NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes",
-    int(os.environ.get("MULTIPOD_NUM_PROCESSES", "1")),
-    "Number of processes in the run.",
+    "num_processes", int(os.environ.get("MULTIPOD_NUM_PROCESSES", "1")), "Processes in the run."
 )
 _PROCESS_ID = flags.DEFINE_integer(
     "process_id", int(os.environ.get("MULTIPOD_PROCESS_ID", "0")), "This process's index."
 )
 _TPU_POD = flags.DEFINE_bool(
-    "tpu_pod",
-    False,
-    "Call jax.distributed.initialize() with no arguments (Cloud TPU VM pods discover their peers).",
+    "tpu_pod", False, "Cloud TPU VM pod: jax.distributed.initialize() discovers the peers."
+)
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "init_timeout_s", 300, "Seconds to wait for every process to join before failing."
 )
 
 
-def _init_distributed() -> None:
-    import jax
-
-    if _TPU_POD.value:
-        jax.distributed.initialize()
-    elif _NUM_PROCESSES.value > 1:
-        if not _COORDINATOR.value:
-            raise app.UsageError("--num_processes > 1 needs --coordinator host:port.")
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            _COORDINATOR.value,
-            num_processes=_NUM_PROCESSES.value,
-            process_id=_PROCESS_ID.value,
-            initialization_timeout=120,
-        )
+def _fail(message: str) -> None:
+    print(f"multipod: error: {message}\n(set MULTIPOD_DEBUG=1 for the traceback)", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    _init_distributed()
-    from mlperf.train import run
-
     try:
+        init_distributed(
+            _COORDINATOR.value,
+            _NUM_PROCESSES.value,
+            _PROCESS_ID.value,
+            _TPU_POD.value,
+            _INIT_TIMEOUT.value,
+        )
+        from mlperf.train import run
+
         result = run(_CONFIG.value, _WORKDIR.value)
-    except (ValueError, FileNotFoundError) as e:
-        # Bad input (config values, data files): one clear line, no traceback.
+    except (ValueError, FileNotFoundError, DistributedSetupError) as e:
+        # Bad input (config values, data files, cluster coordinates): one clear line.
         if os.environ.get("MULTIPOD_DEBUG"):
             raise
-        print(f"multipod: error: {e}\n(set MULTIPOD_DEBUG=1 for the traceback)", file=sys.stderr)
-        raise SystemExit(2) from None
+        _fail(str(e))
     if not result["reached_target"] or result["status"] != "success":
         raise SystemExit(1)
 

@@ -73,3 +73,29 @@ def test_empty_corpus_names_the_file(tmp_path):
     assert proc.returncode == 2
     assert str(empty) in proc.stderr and "multipod: error:" in proc.stderr
     assert not compiled
+
+
+@pytest.mark.parametrize(
+    "flags_, message",
+    [
+        (
+            ["--num_processes=2", "--process_id=2", "--coordinator=127.0.0.1:1"],
+            "--process_id=2 is out of range for --num_processes=2",
+        ),
+        (["--num_processes=2", "--process_id=1"], "needs --coordinator host:port"),
+        (
+            [
+                "--num_processes=2",
+                "--process_id=1",
+                "--coordinator=127.0.0.1:9",
+                "--init_timeout_s=3",
+            ],
+            "could not reach the coordinator 127.0.0.1:9 within 3 s",
+        ),
+    ],
+)
+def test_bad_cluster_coordinates_fail_clearly_without_hanging(tmp_path, flags_, message):
+    proc, compiled = _train(tmp_path, *flags_)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert not compiled

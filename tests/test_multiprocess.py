@@ -15,11 +15,11 @@ from conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multiprocess")]
 
-STEPS = 8
+STEPS = 20
 OVERRIDES = [
     f"--config.train.steps={STEPS}",
     "--config.train.log_every_steps=1",
-    "--config.train.eval_every_samples=256",
+    "--config.train.eval_every_samples=640",
     "--config.train.stop_at_target=False",
     "--config.train.target=0.0",
     "--config.model.num_layers=1",

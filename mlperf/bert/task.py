@@ -61,7 +61,11 @@ class BertTask:
         data = self._bert_data(
             phase.data["seq_length"], phase.data["max_predictions"], shard_index, shard_count
         )
-        return data.train_iterator(host_batch_size, seed=self.config.seed)
+        return data.train_iterator(
+            host_batch_size,
+            seed=self.config.seed,
+            worker_count=self.config.data.get("input_workers", 0),
+        )
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
         last = self.phases()[-1]
