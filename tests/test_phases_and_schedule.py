@@ -24,7 +24,7 @@ def test_phase_two_switches_at_a_sample_count():
         steps=40,
     )
     phase1, phase2 = BertTask(c).phases()
-    assert phase1.steps == 30 and phase1.data["seq_length"] == 64
+    assert phase1.steps == 30 and phase1.data["seq_length"] == c.data.seq_length == 32
     assert phase2.global_batch_size == 32 and phase2.data == {
         "seq_length": 128,
         "max_predictions": 20,
