@@ -117,3 +117,32 @@ def test_launcher_stops_everything_when_one_process_fails():
     assert proc.returncode == 3
     assert "process 1 exited with code 3" in proc.stderr
     assert time.time() - start < 30
+
+
+def test_devices_that_do_not_fit_the_mesh_fail_clearly():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.local",
+            "--processes=2",
+            "--devices_per_process=3",
+            "--grace_s=5",
+            "--",
+            "python",
+            "-m",
+            "launch.train",
+            "--config",
+            "configs/bert.py:tiny",
+            "--workdir",
+            "/tmp/multipod_test_unfit",
+        ],
+        cwd=REPO,
+        env=_env(3),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert "mesh.ici_shape=(2, 4) needs 8 devices but 6 are available" in proc.stdout
+    assert "exited with code 2" in proc.stderr
