@@ -60,26 +60,12 @@ def decay_mask(params) -> object:
 def build_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
     """optax transformation named by `opt_cfg.name` (lamb, adamw, adam, sgd, lars)."""
     name = opt_cfg.name
-    if name == "lamb":
-        tx = optax.lamb(
-            schedule,
-            b1=opt_cfg.b1,
-            b2=opt_cfg.b2,
-            eps=opt_cfg.eps,
-            weight_decay=opt_cfg.weight_decay,
-            mask=decay_mask,
-        )
-    elif name == "adamw":
-        tx = optax.adamw(
-            schedule,
-            b1=opt_cfg.b1,
-            b2=opt_cfg.b2,
-            eps=opt_cfg.eps,
-            weight_decay=opt_cfg.weight_decay,
-            mask=decay_mask,
-        )
+    adam_moments = {"b1": opt_cfg.b1, "b2": opt_cfg.b2, "eps": opt_cfg.eps}
+    if name in ("lamb", "adamw"):
+        make = optax.lamb if name == "lamb" else optax.adamw
+        tx = make(schedule, **adam_moments, weight_decay=opt_cfg.weight_decay, mask=decay_mask)
     elif name == "adam":
-        tx = optax.adam(schedule, b1=opt_cfg.b1, b2=opt_cfg.b2, eps=opt_cfg.eps)
+        tx = optax.adam(schedule, **adam_moments)
     elif name == "sgd":
         tx = optax.sgd(schedule, momentum=opt_cfg.get("momentum", 0.9))
     elif name == "lars":
