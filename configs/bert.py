@@ -54,7 +54,17 @@ def _base() -> ConfigDict:
         )
     )
     c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
-    c.parallel = ConfigDict(dict(weight_update_sharding=True, fsdp=False))
+    c.parallel = ConfigDict(
+        dict(
+            weight_update_sharding=True,
+            fsdp=False,
+            # Gradient reduction over `data`: "xla" (XLA's reduce-scatter / all-reduce) or
+            # linear_pipeline, ring, tree, bidirectional_exchange (parallel/collectives.py).
+            grad_allreduce="xla",
+            grad_bucket_bytes=4 << 20,
+            grad_allreduce_chunks=0,  # linear_pipeline chunks; 0: the cost model's choice
+        )
+    )
     c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
     c.optimizer = ConfigDict(
         dict(

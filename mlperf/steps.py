@@ -18,7 +18,7 @@ import optax
 
 from mlperf.task import Task
 from mlperf.train_state import StateLayout
-from parallel.data_parallel import data_parallel_value_and_grad
+from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
 from parallel.partition import Partitioner, is_logical_leaf
 
 PyTree = Any
@@ -36,6 +36,7 @@ def make_train_step(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     microbatches: int,
+    grad_reduction: GradReduction | None = None,
 ) -> Callable:
     """Returns train_step(state, batch, key) -> (state, metrics), not yet jitted."""
     update_shardings = partitioner.to_shardings(layout.update_specs)
@@ -70,7 +71,9 @@ def make_train_step(
         total, _ = jax.lax.scan(body, one(0), jnp.arange(1, microbatches))
         return total
 
-    value_and_grads = data_parallel_value_and_grad(local_grads, partitioner, layout.update_specs)
+    value_and_grads = data_parallel_value_and_grad(
+        local_grads, partitioner, layout.update_specs, grad_reduction or GradReduction()
+    )
 
     def train_step(state, batch, key):
         params = state["params"]

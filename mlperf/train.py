@@ -28,6 +28,7 @@ from mlperf.task import Phase, Task
 from mlperf.tasks import get_task
 from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
 from mlperf.validate import validate
+from parallel.data_parallel import GradReduction
 from parallel.mesh import build_mesh, mesh_shape
 from parallel.partition import DataLayout, Partitioner
 from parallel.rules import rules_from_config
@@ -47,6 +48,12 @@ class Trainer:
 
     def jitted_train_step(self):
         """The train step, jitted with state/batch shardings and state donation."""
+        p = self.config.parallel
+        reduction = GradReduction(
+            algorithm=p.get("grad_allreduce", "xla"),
+            bucket_bytes=p.get("grad_bucket_bytes", 4 << 20),
+            num_chunks=p.get("grad_allreduce_chunks", 0) or None,
+        )
         step = make_train_step(
             self.task,
             self.layout,
@@ -54,6 +61,7 @@ class Trainer:
             self.tx,
             self.schedule,
             self.config.train.microbatches,
+            reduction,
         )
         return self.partitioner.jit(
             step,

@@ -9,18 +9,26 @@ reduced by us:
   on, so the compiled step has a true reduce-scatter (and the later parameter
   all-gather) on every backend, not an all-reduce followed by a slice;
 - otherwise (or for arrays with no divisible dimension): `psum`, an all-reduce.
-This is also the seam where other collective algorithms plug in.
+- another algorithm (`grad_allreduce`: linear_pipeline, ring, tree,
+  bidirectional_exchange from parallel/collectives.py): the gradients are flattened
+  into buckets, all-reduced with that algorithm (ppermute only), and each replica then
+  keeps its own slice where the update is weight-update sharded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
 from jax.sharding import PartitionSpec
 
+from parallel import collectives
 from parallel.partition import Partitioner
+
+XLA = "xla"
+GRAD_ALLREDUCE_ALGORITHMS = (XLA, *collectives.ALGORITHMS)
 
 PyTree = Any
 
@@ -42,8 +50,33 @@ def _manual_spec(spec: PartitionSpec, data_axis: str) -> PartitionSpec:
     return PartitionSpec(*([None] * dim), data_axis)
 
 
-def reduce_gradients(grads: PyTree, update_specs: PyTree, data_axis: str) -> PyTree:
-    """Sums per-replica gradients over `data_axis`; scatters those with a data dimension."""
+@dataclasses.dataclass(frozen=True)
+class GradReduction:
+    """How per-replica gradients are summed over the data axis."""
+
+    algorithm: str = XLA  # or one of parallel.collectives.ALGORITHMS
+    bucket_bytes: int = 4 << 20  # custom algorithms: one collective per bucket this size
+    num_chunks: int | None = None  # linear_pipeline chunks; None: the cost model's choice
+
+    def __post_init__(self):
+        if self.algorithm not in GRAD_ALLREDUCE_ALGORITHMS:
+            raise ValueError(
+                f"parallel.grad_allreduce={self.algorithm!r} is unknown; use one of "
+                f"{', '.join(GRAD_ALLREDUCE_ALGORITHMS)}."
+            )
+        if self.bucket_bytes < 1:
+            raise ValueError(f"parallel.grad_bucket_bytes={self.bucket_bytes} must be >= 1.")
+        if self.num_chunks is not None and self.num_chunks < 1:
+            raise ValueError(f"parallel.grad_allreduce_chunks={self.num_chunks} must be >= 1.")
+
+
+def reduce_gradients(
+    grads: PyTree, update_specs: PyTree, data_axis: str, how: GradReduction = GradReduction()
+) -> PyTree:
+    """Sums per-replica gradients over `data_axis`; leaves with a data dimension in their
+    update spec come back as this replica's slice of the sum."""
+    if how.algorithm != XLA:
+        return _custom_reduce(grads, update_specs, data_axis, how)
 
     def one(g, spec):
         dim = _data_dim(spec, data_axis)
@@ -54,10 +87,32 @@ def reduce_gradients(grads: PyTree, update_specs: PyTree, data_axis: str) -> PyT
     return jax.tree.map(one, grads, update_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
+def _custom_reduce(
+    grads: PyTree, update_specs: PyTree, data_axis: str, how: GradReduction
+) -> PyTree:
+    summed = collectives.tree_all_reduce(
+        grads, data_axis, how.algorithm, how.bucket_bytes, how.num_chunks
+    )
+    index = jax.lax.axis_index(data_axis)
+    size = jax.lax.axis_size(data_axis)
+
+    def keep_own_slice(g, spec):
+        dim = _data_dim(spec, data_axis)
+        if dim is None:
+            return g
+        n = g.shape[dim] // size
+        return jax.lax.dynamic_slice_in_dim(g, index * n, n, axis=dim)
+
+    return jax.tree.map(
+        keep_own_slice, summed, update_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
+
+
 def data_parallel_value_and_grad(
     local_fn: Callable[[PyTree, PyTree, PyTree, jax.Array], tuple[jax.Array, dict, PyTree]],
     partitioner: Partitioner,
     update_specs: PyTree,
+    how: GradReduction = GradReduction(),
 ) -> Callable:
     """Wraps `local_fn(params, local_batch, shared, rng) -> (loss, aux, grads)`.
 
@@ -79,7 +134,7 @@ def data_parallel_value_and_grad(
         params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
         with partitioner.manual_over(axis):
             loss, aux, grads = local_fn(params, batch, shared, rng)
-        grads = reduce_gradients(grads, update_specs, axis)
+        grads = reduce_gradients(grads, update_specs, axis, how)
         loss = jax.lax.psum(loss, axis)
         aux = jax.tree.map(lambda a: jax.lax.psum(a, axis), aux)
         return loss, aux, grads
@@ -92,6 +147,9 @@ def data_parallel_value_and_grad(
             in_specs=(PartitionSpec(), batch_specs, PartitionSpec(), PartitionSpec()),
             out_specs=(PartitionSpec(), PartitionSpec(), grad_out_specs),
             axis_names={axis},
+            # Custom collectives return sums typed "varying" although every replica holds
+            # the same value; jax has no cast back to invariant, so skip that check there.
+            check_vma=how.algorithm == XLA,
         )
         return mapped(params, batch, shared, rng)
 

@@ -133,3 +133,29 @@ def test_bf16_policy_runs_matmuls_in_bf16_with_fp32_state(devices):
     assert {x.dtype for x in jax.tree.leaves(state["params"])} == {np.dtype("float32")}
     opt_dtypes = {x.dtype for x in jax.tree.leaves(state["opt_state"])}
     assert opt_dtypes <= {np.dtype("float32"), np.dtype("int32")}
+
+
+@pytest.mark.parametrize("algorithm", ["linear_pipeline", "ring", "tree", "bidirectional_exchange"])
+def test_custom_gradient_all_reduce_trains_like_xla(devices, algorithm):
+    batches = [synthetic_bert_batch(16, seed=s) for s in range(20)]
+    base = {"mesh.ici_shape": (4, 2), "parallel.grad_bucket_bytes": 16 << 10}
+    ref, _ = run_steps(small_bert_config(**base), devices, batches)
+    got, _ = run_steps(
+        small_bert_config(**base, **{"parallel.grad_allreduce": algorithm}), devices, batches
+    )
+    np.testing.assert_allclose(got, ref, rtol=1e-4)
+
+
+def test_linear_pipeline_reduces_gradients_with_permutes_not_all_reduce(devices):
+    config = small_bert_config(
+        **{
+            "mesh.ici_shape": (8, 1),
+            "parallel.grad_allreduce": "linear_pipeline",
+            "parallel.weight_update_sharding": False,
+        }
+    )
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    stats = hlo_op_stats(trainer.lower_train_step(trainer.phases[0]).compile().as_text())
+    assert stats["collectives"]["collective-permute"] > 0
+    # Only the loss and metric scalars are still summed by all-reduce, never a gradient.
+    assert stats["collective_bytes"]["all-reduce"] <= 4 * 16 * stats["collectives"]["all-reduce"]
