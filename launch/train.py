@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -40,8 +41,16 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
 )
 
 
-def _fail(message: str) -> None:
-    print(f"multipod: error: {message}\n(set MULTIPOD_DEBUG=1 for the traceback)", file=sys.stderr)
+def _fail(message: str, workdir: str | None) -> None:
+    where = "set MULTIPOD_DEBUG=1 to raise it"
+    if workdir:
+        # Keep the traceback for bugs that surface as ValueError, without burying the message.
+        os.makedirs(workdir, exist_ok=True)
+        path = os.path.join(workdir, "error.txt")
+        with open(path, "w") as f:
+            f.write(traceback.format_exc())
+        where = f"traceback in {path}; {where}"
+    print(f"multipod: error: {message}\n({where})", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -63,7 +72,7 @@ def main(argv: list[str]) -> None:
         # Bad input (config values, data files, cluster coordinates): one clear line.
         if os.environ.get("MULTIPOD_DEBUG"):
             raise
-        _fail(str(e))
+        _fail(str(e), _WORKDIR.value)
     if not result["reached_target"] or result["status"] != "success":
         raise SystemExit(1)
 
