@@ -1,6 +1,7 @@
 """Throughput of a config on this machine: train step, input pipeline, model FLOP/s.
 
     python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json]
+    python -m launch.bench collectives [--sizes 4K,1M,64M] [--device_counts 2,4,8] [--plot p.png]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -28,6 +29,11 @@ _MESH = flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed train steps per repeat.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Repeats; the median is reported.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
+_SIZES = flags.DEFINE_list(
+    "sizes", ["4K", "64K", "1M", "16M", "64M"], "collectives: bytes per device (K/M/G)."
+)
+_DEVICE_COUNTS = flags.DEFINE_list("device_counts", ["2", "4", "8"], "collectives: P values.")
+_PLOT = flags.DEFINE_string("plot", "", "collectives: write a bandwidth plot (PNG) here.")
 _INPUT_WORKERS = flags.DEFINE_list(
     "input_workers", ["0", "1", "2", "4"], "Grain worker counts whose host input rate to report."
 )
@@ -125,10 +131,28 @@ def bench_config(config, steps: int, repeats: int, input_workers: list[int]) -> 
     }
 
 
+def collectives_main() -> None:
+    """`python -m launch.bench collectives`: see launch/bench_collectives.py."""
+    from launch import bench_collectives
+
+    sizes = [bench_collectives.parse_size(s) for s in _SIZES.value]
+    rows = bench_collectives.bench(sizes, [int(p) for p in _DEVICE_COUNTS.value], _REPEATS.value)
+    print(json.dumps(rows, indent=2) if _JSON.value else bench_collectives.table(rows))
+    if _PLOT.value:
+        bench_collectives.plot(rows, _PLOT.value)
+        print(f"plot: {_PLOT.value}")
+
+
 def main(argv: list[str]) -> None:
+    if argv[1:] == ["collectives"]:
+        return collectives_main()
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        raise app.UsageError(
+            f"unexpected arguments: {argv[1:]}; the only subcommand is 'collectives'"
+        )
     config = _CONFIG.value
+    if config is None:
+        raise app.UsageError("give --config (e.g. configs/bert.py:tiny) or 'collectives'.")
     apply_mesh_override(config, _MESH.value)
     r = bench_config(config, _STEPS.value, _REPEATS.value, [int(w) for w in _INPUT_WORKERS.value])
     if _JSON.value:
