@@ -131,40 +131,51 @@ def _linear_pipeline(
     mode "reduce": sums flow down the chain (the last device ends with the total);
     "broadcast": the first device's chunks flow down the chain;
     "all_reduce": sums flow down the chain while finished chunks flow back up it.
-    At step t the device at chain position p sends chunk t - p downstream, so after
+    At step t the device at chain position q sends chunk t - q downstream, so after
     P - 2 fill steps every link carries one chunk per step.
+
+    The loop carries one chunk per flow (the value this device sends next), not the
+    message: the input is only read, and each step's received chunk is emitted as a scan
+    output, so no step copies or rewrites the whole buffer. A device's result is then a
+    contiguous run of those outputs (chunk j of position q arrives at step j + q - 1).
     """
     n = flat.size
-    buf = _pad_to(flat, k).reshape(k, -1)
-    pos = (jax.lax.axis_index(axis_name) - first) % P
+    own = _pad_to(flat, k).reshape(k, -1)
+    q = (jax.lax.axis_index(axis_name) - first) % P  # position down the chain
+    r = P - 1 - q  # position up the chain (all_reduce's return flow)
     dev = [(first + p) % P for p in range(P)]
     down = [(dev[p], dev[p + 1]) for p in range(P - 1)]
     up = [(dev[p + 1], dev[p]) for p in range(P - 1)]
-    # (pairs, position along the flow, step the flow's source starts, add or overwrite)
-    flows = [(down, pos, 0, mode != "broadcast")]
-    if mode == "all_reduce":
-        # The last device holds chunk j complete after step j + P - 2 and sends it up next.
-        flows.append((up, P - 1 - pos, P - 1, False))
+    add = mode != "broadcast"
     steps = (2 * P - 3 if mode == "all_reduce" else P - 2) + k
 
-    def step(t, buf):
-        # All sends read the buffer before this step's receives (what the chunks held
-        # at the start of the step), then the receives are applied.
-        received = []
-        for pairs, q, start, add in flows:
-            j_send = jnp.clip(t - start - q, 0, k - 1)
-            recv = jax.lax.ppermute(buf[j_send], axis_name, pairs)
-            j = t - start - q + 1  # the chunk our upstream neighbour sent this step
-            valid = (q >= 1) & (j >= 0) & (j < k)
-            received.append((jnp.clip(j, 0, k - 1), valid, recv, add))
-        for j, valid, recv, add in received:
-            old = buf[j]
-            new = old + recv if add else recv
-            buf = buf.at[j].set(jnp.where(valid, new, old))
-        return buf
+    def chunk(j):
+        return jax.lax.dynamic_index_in_dim(own, jnp.clip(j, 0, k - 1), keepdims=False)
 
-    buf = jax.lax.fori_loop(0, steps, step, buf)
-    return buf.reshape(-1)[:n]
+    def step(carry, t):
+        down_next, up_next = carry  # what this device sends down / up at step t
+        received = jax.lax.ppermute(down_next, axis_name, down)  # chunk t - q + 1
+        down_value = chunk(t - q + 1) + received if add else received
+        # The chain's head sends its own chunks; everyone else forwards what arrived.
+        down_next = jnp.where(q == 0, chunk(t + 1), down_value)
+        if mode != "all_reduce":
+            return (down_next, up_next), (down_value, down_value)
+        # Up the chain: the tail sends each chunk the step after completing it.
+        received_up = jax.lax.ppermute(jnp.where(r == 0, carry[0], up_next), axis_name, up)
+        return (down_next, received_up), (down_value, received_up)
+
+    init = (jnp.where(q == 0, chunk(0), jnp.zeros_like(own[0])), jnp.zeros_like(own[0]))
+    _, (downs, ups) = jax.lax.scan(step, init, jnp.arange(steps))
+
+    def run(ys, start):
+        return jax.lax.dynamic_slice_in_dim(ys, jnp.maximum(start, 0), k, axis=0)
+
+    if mode == "all_reduce":
+        # The tail's sums complete down the chain; the others receive them from above.
+        result = jnp.where(r == 0, run(downs, q - 1), run(ups, P - 2 + r))
+    else:
+        result = jnp.where(q == 0, own, run(downs, q - 1))
+    return result.reshape(-1)[:n]
 
 
 # ---------------------------------------------------------------- ring
