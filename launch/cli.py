@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
+
+# Fake CPU devices run as threads. On a loaded 2-core machine one of them can be
+# descheduled for longer than XLA's default 40 s collective rendezvous limit, which
+# aborts the whole process; a slow machine should make a run slow, not kill it.
+CPU_COLLECTIVE_TIMEOUT_FLAGS = (
+    "--xla_cpu_collective_call_terminate_timeout_seconds=1800",
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=300",
+)
+
+
+def relax_cpu_collective_timeouts(env: MutableMapping[str, str] = os.environ) -> None:
+    """Adds CPU_COLLECTIVE_TIMEOUT_FLAGS to env['XLA_FLAGS'] (before jax starts)."""
+    flags = env.get("XLA_FLAGS", "").split()
+    names = {f.split("=")[0] for f in flags}
+    flags += [f for f in CPU_COLLECTIVE_TIMEOUT_FLAGS if f.split("=")[0] not in names]
+    env["XLA_FLAGS"] = " ".join(flags)
+
 
 def apply_mesh_override(config, mesh_text: str) -> None:
     """`data=8,model=1` -> config.mesh.axes / ici_shape (single slice)."""

@@ -14,7 +14,9 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import apply_mesh_override
+from launch.cli import apply_mesh_override, relax_cpu_collective_timeouts
+
+relax_cpu_collective_timeouts()  # before jax starts its backend
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=False

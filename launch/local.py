@@ -22,6 +22,8 @@ import time
 
 from absl import app, flags
 
+from launch.cli import relax_cpu_collective_timeouts
+
 _PROCESSES = flags.DEFINE_integer("processes", 2, "Number of processes.", lower_bound=1)
 _DEVICES = flags.DEFINE_integer(
     "devices_per_process", 4, "Fake CPU devices per process.", lower_bound=1
@@ -54,6 +56,7 @@ def process_env(index: int, count: int, devices: int, coordinator: str) -> dict[
         MULTIPOD_PROCESS_ID=str(index),
         PYTHONUNBUFFERED="1",
     )
+    relax_cpu_collective_timeouts(env)
     return env
 
 

@@ -16,7 +16,10 @@ import traceback
 from absl import app, flags
 from ml_collections import config_flags
 
+from launch.cli import relax_cpu_collective_timeouts
 from launch.distributed import DistributedSetupError, init_distributed
+
+relax_cpu_collective_timeouts()  # before jax starts its backend
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True

@@ -9,6 +9,10 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
+from launch.cli import relax_cpu_collective_timeouts  # noqa: E402
+
+relax_cpu_collective_timeouts()  # also inherited by the tests' subprocesses
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
