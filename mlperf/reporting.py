@@ -47,7 +47,7 @@ class Progress:
         self.last_eval: tuple[int, float] | None = None
         self.samples_per_s = 0.0
 
-    def log(self, step: int, samples: int, metrics: dict[str, float], mfu: float | None) -> None:
+    def log(self, step: int, samples: int, metrics: dict[str, float]) -> None:
         now = time.perf_counter()
         rate = (samples - self._last_samples) / max(now - self._last_time, 1e-9)
         self.samples_per_s = rate
@@ -59,12 +59,11 @@ class Progress:
             if self.last_eval
             else "none yet"
         )
-        mfu_text = f" | MFU {100 * mfu:.1f}%" if mfu is not None else ""
         if self.enabled:
             print(
                 f"step {step:>6}/{self.total_steps} | {rate:8.1f} samples/s | "
                 f"loss {metrics['loss']:.4f} | lr {metrics['learning_rate']:.2e}"
-                f"{mfu_text} | last eval: {last} | ETA {_fmt_duration(eta)}",
+                f" | last eval: {last} | ETA {_fmt_duration(eta)}",
                 flush=True,
             )
 

@@ -213,7 +213,7 @@ class _Loop:
             self.status = keys.ABORTED
             print(f"loss is {self.last_metrics['loss']} at step {self.step}: stopping.", flush=True)
             return False
-        self.progress.log(self.step, self.samples, self.last_metrics, mfu=None)
+        self.progress.log(self.step, self.samples, self.last_metrics)
         self._record(
             {"kind": "train", **self.last_metrics, "samples_per_s": self.progress.samples_per_s}
         )

@@ -251,8 +251,3 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
         entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     mesh = jax.sharding.get_abstract_mesh()
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*entries)))
-
-
-def active_partitioner() -> Partitioner | None:
-    """The Partitioner active in this trace, if any."""
-    return _ACTIVE.get()

@@ -16,11 +16,11 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """Dtypes for parameters (storage), compute (activations, matmuls) and outputs."""
+    """Dtypes for parameters (storage) and compute (activations, matmuls); losses and
+    logits are always fp32."""
 
     param_dtype: jnp.dtype = jnp.float32
     compute_dtype: jnp.dtype = jnp.bfloat16
-    output_dtype: jnp.dtype = jnp.float32
 
 
 def dtype_from_name(name: str) -> jnp.dtype:
@@ -35,5 +35,4 @@ def policy_from_config(compute_dtype: str, param_dtype: str = "float32") -> Poli
     return Policy(
         param_dtype=dtype_from_name(param_dtype),
         compute_dtype=dtype_from_name(compute_dtype),
-        output_dtype=jnp.float32,
     )

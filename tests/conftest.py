@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flags = os.environ.get("XLA_FLAGS", "")
@@ -19,6 +20,29 @@ import pytest  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get("MULTIPOD_DATA_DIR", os.path.join(REPO, "..", "shared", "data"))
+
+
+def cpu_env(devices: int = 8) -> dict[str, str]:
+    """Environment for a subprocess with `devices` fake CPU devices."""
+    return dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+
+
+def tiny_train_command(workdir, *overrides: str) -> list[str]:
+    """`python -m launch.train` on the tiny BERT config, as a subprocess argv."""
+    return [
+        sys.executable,
+        "-m",
+        "launch.train",
+        "--config",
+        "configs/bert.py:tiny",
+        "--workdir",
+        str(workdir),
+        *overrides,
+    ]
 
 
 def small_bert_config(**overrides):

@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, cpu_env, tiny_train_command
 
 pytestmark = pytest.mark.xdist_group("cli")
 
 
 def _train(tmp_path, *overrides):
     workdir = tmp_path / "work"
-    env = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8"
-    )
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.train",
-            "--config",
-            "configs/bert.py:tiny",
-            "--workdir",
-            str(workdir),
-            f"--config.data.cache_dir={tmp_path / 'cache'}",
-            *overrides,
-        ],
+        tiny_train_command(workdir, f"--config.data.cache_dir={tmp_path / 'cache'}", *overrides),
         cwd=REPO,
-        env=env,
+        env=cpu_env(8),
         capture_output=True,
         text=True,
         timeout=300,

@@ -4,14 +4,13 @@ launcher fails fast when a process dies."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, cpu_env, tiny_train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multiprocess")]
 
@@ -26,25 +25,8 @@ OVERRIDES = [
 ]
 
 
-def _env(devices: int) -> dict[str, str]:
-    return dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-    )
-
-
 def _train(workdir, processes: int, devices: int) -> list[dict]:
-    train = [
-        sys.executable,
-        "-m",
-        "launch.train",
-        "--config",
-        "configs/bert.py:tiny",
-        "--workdir",
-        str(workdir),
-        *OVERRIDES,
-    ]
+    train = tiny_train_command(workdir, *OVERRIDES)
     if processes == 1:
         cmd = train
     else:
@@ -58,7 +40,7 @@ def _train(workdir, processes: int, devices: int) -> list[dict]:
             *train,
         ]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=_env(devices), capture_output=True, text=True, timeout=600
+        cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((workdir / "result.json").read_text())
@@ -109,7 +91,7 @@ def test_launcher_stops_everything_when_one_process_fails():
             script,
         ],
         cwd=REPO,
-        env=_env(1),
+        env=cpu_env(1),
         capture_output=True,
         text=True,
         timeout=90,
@@ -129,16 +111,10 @@ def test_devices_that_do_not_fit_the_mesh_fail_clearly():
             "--devices_per_process=3",
             "--grace_s=5",
             "--",
-            "python",
-            "-m",
-            "launch.train",
-            "--config",
-            "configs/bert.py:tiny",
-            "--workdir",
-            "/tmp/multipod_test_unfit",
+            *tiny_train_command("/tmp/multipod_test_unfit"),
         ],
         cwd=REPO,
-        env=_env(3),
+        env=cpu_env(3),
         capture_output=True,
         text=True,
         timeout=300,
