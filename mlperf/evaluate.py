@@ -5,10 +5,20 @@ jitted eval step returns per-batch sums over real examples (weighted by `mask`),
 XLA reduces across the whole mesh. Sums stay on device until the end of the pass, so
 one transfer per eval; integer counts make the metric identical on 1 device, 8
 devices and several processes.
+
+Metrics that need the host (BLEU from decoded text, COCO mAP from detections) use the
+optional task methods `eval_outputs` (per-example device outputs, e.g. beam-search
+tokens or NMS detections) and `host_eval_stats` (numpy stats from this host's rows).
+Every host computes stats on its own rows; they are gathered with a leading shard axis
+and handed to `finalize_eval` with the device sums. A task with `async_finalize = True`
+(COCOeval takes seconds) gets its `finalize_eval` run in a background thread while
+training continues.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -48,7 +58,22 @@ class Evaluator:
             out_shardings=partitioner.replicated(),
         )
         abstract = batch_abstract(partitioner, spec_of(host_batches[0]), global_batch_size)
-        self.compiled = step.lower(layout.abstract_train_state["params"], abstract).compile()
+        params = layout.abstract_train_state["params"]
+        self.compiled = step.lower(params, abstract).compile()
+        self.compiled_outputs = None
+        if has_host_metrics(task):
+            # Outputs stay sharded over `batch`: each host reads back only its own rows.
+            fn = make_eval_step(task, layout, method="eval_outputs")
+            shapes = jax.eval_shape(fn, params, abstract)
+            out_shardings = jax.tree.map(
+                lambda s: partitioner.sharding(partitioner.batch_spec(s.ndim)), shapes
+            )
+            outputs = partitioner.jit(
+                fn,
+                in_shardings=(layout.state_shardings["params"], None),
+                out_shardings=out_shardings,
+            )
+            self.compiled_outputs = outputs.lower(params, abstract).compile()
 
     @property
     def num_examples(self) -> int:
@@ -64,6 +89,53 @@ class Evaluator:
             total = out if total is None else jax.tree.map(lambda a, b: a + b, total, out)
         return jax.tree.map(_local_value, total)
 
+    def host_stats(self, params: Any) -> dict[str, np.ndarray]:
+        """Task host stats of every data shard: name -> [shard_count, ...]."""
+        outputs, batches = [], []
+        for host_batch in self.host_batches:
+            batch = self.partitioner.host_to_global(host_batch, self.layout)
+            out = self.compiled_outputs(params, batch)
+            outputs.append(self.partitioner.global_to_host(out, self.layout))
+            batches.append(host_batch)
+        stats = self.task.host_eval_stats(outputs, batches)
+        return self.partitioner.gather_host_stats(stats, self.layout)
+
+    def start(self, params: Any) -> Callable[[], dict[str, float]]:
+        """Runs the device part of an eval now; returns a function giving the metrics.
+
+        With `task.async_finalize` the host part runs in a thread and the returned
+        function waits for it; otherwise the metrics are ready on return.
+        """
+        sums: dict[str, Any] = dict(self.sums(params))
+        if self.compiled_outputs is not None:
+            sums.update(self.host_stats(params))
+        if not getattr(self.task, "async_finalize", False):
+            metrics = self.task.finalize_eval(sums)
+            return lambda: metrics
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                result["metrics"] = self.task.finalize_eval(sums)
+            except BaseException as e:  # re-raised in the training thread
+                result["error"] = e
+
+        thread = threading.Thread(target=work, name="eval-finalize", daemon=True)
+        thread.start()
+
+        def wait() -> dict[str, float]:
+            thread.join()
+            if "error" in result:
+                raise result["error"]
+            return result["metrics"]
+
+        return wait
+
     def evaluate(self, params: Any) -> dict[str, float]:
-        """Final metrics (task.finalize_eval over the global sums)."""
-        return self.task.finalize_eval(self.sums(params))
+        """Final metrics (task.finalize_eval over the global sums), waiting for them."""
+        return self.start(params)()
+
+
+def has_host_metrics(task: Task) -> bool:
+    """Whether the task computes part of its metrics on the hosts."""
+    return hasattr(task, "eval_outputs") and hasattr(task, "host_eval_stats")

@@ -99,11 +99,13 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(task: Task, layout: StateLayout) -> Callable:
-    """Returns eval_step(params, batch) -> dict of sums over the batch's real examples."""
+def make_eval_step(task: Task, layout: StateLayout, method: str = "eval_sums") -> Callable:
+    """Returns eval_step(params, batch) -> task.<method>(model, batch): by default the
+    dict of sums over the batch's real examples; "eval_outputs" gives per-example outputs."""
+    task_fn = getattr(task, method)
 
     def eval_step(params, batch):
-        return task.eval_sums(layout.model(params), batch)
+        return task_fn(layout.model(params), batch)
 
     return eval_step
 

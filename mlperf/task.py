@@ -65,3 +65,20 @@ class Task(Protocol):
 
     def flops_per_example(self, phase: Phase) -> float:
         """Analytic training FLOPs per example (forward + backward) for MFU."""
+
+    # Optional, for metrics computed on the hosts (see mlperf/evaluate.py):
+    #   eval_outputs(model, batch) -> dict of per-example arrays (leading batch dim),
+    #       e.g. beam-search tokens or fixed-size NMS detections;
+    #   host_eval_stats(outputs, batches) -> dict of numpy arrays with the same shapes on
+    #       every host, from this host's rows (lists aligned with its eval batches); they
+    #       reach finalize_eval stacked over data shards: name -> [shard_count, ...];
+    #   async_finalize: bool, run finalize_eval in a background thread (COCOeval);
+    #   target_reached(metrics) -> bool, for several targets (Mask R-CNN box and mask).
+
+
+def target_reached(task: Task, metrics: dict[str, float]) -> bool:
+    """Whether eval metrics meet the task's quality target(s)."""
+    custom = getattr(task, "target_reached", None)
+    if custom is not None:
+        return bool(custom(metrics))
+    return metrics[task.target_metric] >= task.target_value

@@ -12,4 +12,18 @@ def get_task(config) -> Task:
         from mlperf.bert.task import BertTask
 
         return BertTask(config)
-    raise ValueError(f"benchmark {name!r} is not implemented; available: bert.")
+    if name == "transformer":
+        from mlperf.transformer.task import TransformerTask
+
+        return TransformerTask(config)
+    if name == "ssd":
+        from mlperf.ssd.task import SsdTask
+
+        return SsdTask(config)
+    if name == "maskrcnn":
+        from mlperf.maskrcnn.task import MaskRcnnTask
+
+        return MaskRcnnTask(config)
+    raise ValueError(
+        f"benchmark {name!r} is not implemented; available: bert, transformer, ssd, maskrcnn."
+    )

@@ -24,7 +24,7 @@ from mlperf.mllog import MlLog, keys
 from mlperf.optimizer import PhaseSchedule, build_optimizer, joined_schedule
 from mlperf.reporting import Progress, params_fingerprint, summary_paragraph, write_result
 from mlperf.steps import batch_abstract, make_train_step
-from mlperf.task import Phase, Task
+from mlperf.task import Phase, Task, target_reached
 from mlperf.tasks import get_task
 from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
 from mlperf.validate import validate
@@ -171,6 +171,7 @@ class _Loop:
         self.reached = False
         self.to_target: dict[str, Any] = {}
         self.status = keys.SUCCESS
+        self._pending_eval = None
         self.start = time.perf_counter()
 
     def _open_block(self) -> None:
@@ -184,26 +185,39 @@ class _Loop:
         self.mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self._block_start})
 
     def _evaluate(self, params) -> None:
+        """Starts an eval of `params`; its metrics are taken now, or (async tasks) at the
+        next eval boundary or the end of training, the same step on every host."""
         samples = self.samples
         self.mll.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
-        self.eval_metrics = self.evaluator.evaluate(params)
+        metrics_fn = self.evaluator.start(params)
+        self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
+        self._pending_eval = (samples, self.step, metrics_fn)
+        if not getattr(self.task, "async_finalize", False):
+            self._take_eval()
+
+    def _take_eval(self) -> None:
+        """Waits for the pending eval's metrics, logs them and checks the target."""
+        if self._pending_eval is None:
+            return
+        samples, step, metrics_fn = self._pending_eval
+        self._pending_eval = None
+        self.eval_metrics = metrics_fn()
         value = self.eval_metrics[self.task.target_metric]
         self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
-        self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
         self.progress.eval_done(samples, value)
-        self._record({"kind": "eval", **self.eval_metrics})
+        self._record({"kind": "eval", "eval_samples": samples, **self.eval_metrics})
         if self.is_main:
             shown = ", ".join(
                 f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
                 for k, v in self.eval_metrics.items()
             )
-            print(f"eval @ {samples} samples (step {self.step}): {shown}", flush=True)
-        if not self.reached and value >= self.task.target_value:
+            print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
+        if not self.reached and target_reached(self.task, self.eval_metrics):
             self.reached = True
             self.to_target = {
                 "time_to_target_s": time.perf_counter() - self.start,
                 "samples_to_target": samples,
-                "steps_to_target": self.step,
+                "steps_to_target": step,
             }
 
     def _log(self, metrics) -> bool:
@@ -244,12 +258,16 @@ class _Loop:
                     return state
                 if self.samples >= self.next_eval or last:
                     self._close_block()
+                    self._take_eval()  # an async eval still running from the last boundary
+                    if self.reached and config.train.stop_at_target:
+                        return state
                     self._evaluate(state["params"])
                     self.next_eval += self.eval_every
                     if self.reached and config.train.stop_at_target:
                         return state
                     if not last:
                         self._open_block()
+        self._take_eval()
         if not self.last_metrics and metrics is not None:
             self._log(metrics)
         return state

@@ -233,6 +233,39 @@ class Partitioner:
             out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
         return out
 
+    def global_to_host(
+        self, arrays: Mapping[str, jax.Array], layout: DataLayout
+    ) -> dict[str, np.ndarray]:
+        """This host's rows of batch-sharded global arrays (the inverse of host_to_global)."""
+        out = {}
+        first = layout.host_slice.start
+        for name, arr in arrays.items():
+            host = np.empty((layout.host_batch_size, *arr.shape[1:]), arr.dtype)
+            for shard in arr.addressable_shards:
+                rows = shard.index[0] if shard.index else slice(None)
+                start = (rows.start or 0) - first
+                host[start : start + shard.data.shape[0]] = np.asarray(shard.data)
+            out[name] = host
+        return out
+
+    def gather_host_stats(
+        self, stats: Mapping[str, np.ndarray], layout: DataLayout
+    ) -> dict[str, np.ndarray]:
+        """Stacks every data shard's numpy stats: name -> [shard_count, ...] on every host.
+
+        Hosts that feed the same rows (a model axis spanning hosts) hold the same stats;
+        each shard is kept once, so sums over the leading axis count every example once.
+        """
+        if jax.process_count() == 1:
+            return {k: np.asarray(v)[None] for k, v in stats.items()}
+        from jax.experimental import multihost_utils
+
+        tagged = {"__shard__": np.asarray(layout.shard_index, np.int32), **stats}
+        gathered = multihost_utils.process_allgather(tagged)
+        shard_ids = np.asarray(gathered.pop("__shard__"))
+        _, keep = np.unique(shard_ids, return_index=True)
+        return {k: np.asarray(v)[np.sort(keep)] for k, v in gathered.items()}
+
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Places an activation by logical axes; a no-op outside an active Partitioner."""
