@@ -89,3 +89,32 @@ def test_weight_update_sharding_adds_the_data_axis(devices):
     assert partitioner._add_data_axis(P("model"), (64,)) == P(("data", "model"))
     # Nothing divisible: stays as it was (replicated over data).
     assert partitioner._add_data_axis(P(None), (3,)) == P(None)
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (8, 1), (1, 8)])
+def test_global_to_host_inverts_host_to_global(devices, shape):
+    # Per-example eval outputs (decoded tokens, detections) come back to the host that fed them.
+    part = Partitioner(build_mesh(("data", "model"), shape, (1, 1), devices))
+    layout = part.data_layout(16)
+    rng = np.random.default_rng(0)
+    host = {
+        "tokens": rng.integers(0, 99, (16, 5)).astype(np.int32),
+        "w": rng.random(16).astype(np.float32),
+    }
+    back = part.global_to_host(part.host_to_global(host, layout), layout)
+    assert set(back) == {"tokens", "w"}
+    np.testing.assert_array_equal(back["tokens"], host["tokens"])
+    np.testing.assert_array_equal(back["w"], host["w"])
+    doubled = jax.jit(lambda x: x * 2)(part.host_to_global(host, layout)["tokens"])
+    np.testing.assert_array_equal(
+        part.global_to_host({"t": doubled}, layout)["t"], host["tokens"] * 2
+    )
+
+
+def test_gather_host_stats_stacks_one_entry_per_data_shard(devices):
+    part = Partitioner(build_mesh(("data", "model"), (2, 4), (1, 1), devices))
+    layout = part.data_layout(8)
+    stats = part.gather_host_stats({"matches": np.array([3, 1]), "n": np.int64(7)}, layout)
+    # One process holds every shard here: a leading axis of one entry, values untouched.
+    assert stats["matches"].shape == (1, 2) and stats["n"].shape == (1,)
+    np.testing.assert_array_equal(stats["matches"].sum(0), [3, 1])
