@@ -1,0 +1,232 @@
+"""2-D convolution and batch norm with cross-replica statistic groups, on logical axes.
+
+Activations are NHWC with logical axes (`batch`, `height`, `width`, `channels`);
+kernels are HWIO (`kernel_h`, `kernel_w`, `conv_in`, `conv_out`). Under spatial
+partitioning (`height` -> `model`) XLA partitions the convolutions and exchanges the
+halo rows itself (collective-permute), so nothing here knows the mesh.
+
+Batch norm statistics span a configurable group of examples (`group_size`, the MLPerf
+"bn span"): 0 means the whole global batch. Where the train step runs per data replica
+(a shard_map manual over the data axis, mlperf/steps.py) a group larger than one
+replica's rows is formed with collectives over that axis; in an auto-sharded jit the
+batch axis is already global and the group is a reshape of it. Running statistics are
+`nnx.BatchStat` variables: they live next to the parameters in the train state and the
+train step writes their updated values back after the optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from mlperf.layers.linear import Initializer, logical_param
+from parallel import partition
+from parallel.partition import constrain
+
+IMAGE_AXES = ("batch", "height", "width", "channels")
+CONV_INIT = nnx.initializers.variance_scaling(2.0, "fan_out", "normal")
+
+
+def constrain_image(x: jax.Array) -> jax.Array:
+    """Places an NHWC activation: batch over data, height over model when spatially split."""
+    return constrain(x, IMAGE_AXES)
+
+
+class Conv(nnx.Module):
+    """NHWC convolution with an HWIO kernel; explicit symmetric padding ((k-1)//2 per side,
+    as in torchvision's ResNet) unless `padding` is given."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        kernel_size: int,
+        *,
+        rngs: nnx.Rngs,
+        strides: int = 1,
+        padding: int | str | None = None,
+        use_bias: bool = False,
+        dtype: jnp.dtype = jnp.float32,
+        kernel_init: Initializer = CONV_INIT,
+    ):
+        self.strides = (strides, strides)
+        if padding is None:
+            padding = (kernel_size - 1) // 2
+        self.padding = padding if isinstance(padding, str) else ((padding, padding),) * 2
+        self.dtype = dtype
+        self.kernel = logical_param(
+            rngs,
+            kernel_init,
+            (kernel_size, kernel_size, in_features, out_features),
+            ("kernel_h", "kernel_w", "conv_in", "conv_out"),
+        )
+        self.bias = (
+            logical_param(rngs, nnx.initializers.zeros, (out_features,), ("channels",))
+            if use_bias
+            else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(
+            x.astype(self.dtype),
+            self.kernel[...].astype(self.dtype),
+            window_strides=self.strides,
+            padding=self.padding,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return constrain_image(y)
+
+
+def _manual_data_axis() -> str | None:
+    """The data mesh axis when tracing inside the train step's per-replica shard_map.
+
+    Only there does a replica see just its own rows, so only there do batch statistics
+    need explicit collectives. (Reads the active Partitioner's context; a public
+    accessor in parallel/partition.py would be the cleaner home.)
+    """
+    p = partition._ACTIVE.get()
+    if p is None or p.data_axis not in partition._MANUAL.get():
+        return None
+    return p.data_axis
+
+
+def _group_sum(local: jax.Array, rows: int, group_size: int) -> tuple[jax.Array, int]:
+    """Sums per-example statistics [rows, C] over each example's BN group.
+
+    Returns (sums broadcastable against [rows, 1, 1, C] as [rows or 1, C], examples per
+    group). `group_size` 0 is the whole global batch.
+    """
+    axis = _manual_data_axis()
+    replicas = 1 if axis is None else jax.lax.axis_size(axis)
+    total = rows * replicas
+    if group_size <= 0 or group_size >= total:
+        s = jnp.sum(local, axis=0, keepdims=True)
+        return (s if axis is None else jax.lax.psum(s, axis)), total
+    if total % group_size:
+        raise ValueError(
+            f"batch-norm group of {group_size} examples does not divide the batch of {total} "
+            "examples; set model.bn_group_size to a divisor (0 = whole batch)."
+        )
+    if group_size <= rows:
+        if rows % group_size:
+            raise ValueError(
+                f"batch-norm group {group_size} does not divide the {rows} rows of a replica."
+            )
+        g = local.reshape(rows // group_size, group_size, -1).sum(axis=1, keepdims=True)
+        return jnp.broadcast_to(g, (rows // group_size, group_size, g.shape[-1])).reshape(
+            rows, -1
+        ), group_size
+    # The group spans several replicas: gather every replica's sums (C floats each)
+    # and add up those of this replica's group.
+    if group_size % rows:
+        raise ValueError(
+            f"batch-norm group {group_size} is not a multiple of the {rows} rows per replica."
+        )
+    per_group = group_size // rows
+    sums = jax.lax.all_gather(jnp.sum(local, axis=0), axis)  # [replicas, C]
+    first = (jax.lax.axis_index(axis) // per_group) * per_group
+    mine = jax.lax.dynamic_slice_in_dim(sums, first, per_group, axis=0)
+    return jnp.sum(mine, axis=0, keepdims=True), group_size
+
+
+class BatchNorm(nnx.Module):
+    """Batch norm over (batch group, height, width) per channel, fp32 statistics.
+
+    train=True normalises with the group's batch statistics and moves the running
+    statistics towards the replica-average ones (momentum); train=False uses the
+    running statistics.
+    """
+
+    def __init__(
+        self,
+        features: int,
+        *,
+        rngs: nnx.Rngs,
+        momentum: float = 0.9,
+        epsilon: float = 1e-5,
+        group_size: int = 0,
+        scale_init: Initializer = nnx.initializers.ones,
+        dtype: jnp.dtype = jnp.float32,
+    ):
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.group_size = group_size
+        self.dtype = dtype
+        self.scale = logical_param(rngs, scale_init, (features,), ("channels",))
+        self.bias = logical_param(rngs, nnx.initializers.zeros, (features,), ("channels",))
+        with nnx.use_eager_sharding(False):
+            self.mean = nnx.BatchStat(jnp.zeros((features,)), out_sharding=("channels",))
+            self.var = nnx.BatchStat(jnp.ones((features,)), out_sharding=("channels",))
+
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        if train:
+            rows, h, w, c = x.shape
+            n_local = h * w  # pixels per example (global H x W: XLA reduces over `model`)
+            s1, n = _group_sum(jnp.sum(x32, axis=(1, 2)), rows, self.group_size)
+            mean = s1 / (n * n_local)  # [rows or 1, C]
+            centred = x32 - mean[:, None, None, :]
+            s2, _ = _group_sum(jnp.sum(centred * centred, axis=(1, 2)), rows, self.group_size)
+            var = s2 / (n * n_local)
+            # Running statistics: the average over this replica's groups (the train step
+            # averages replicas), so the stored value is the global-batch mean.
+            m = self.momentum
+            batch_mean = jnp.mean(mean, axis=0)
+            batch_var = jnp.mean(var, axis=0)
+            self.mean[...] = m * self.mean[...] + (1 - m) * jax.lax.stop_gradient(batch_mean)
+            self.var[...] = m * self.var[...] + (1 - m) * jax.lax.stop_gradient(batch_var)
+            inv = jax.lax.rsqrt(var + self.epsilon)[:, None, None, :]
+        else:
+            centred = x32 - self.mean[...]
+            inv = jax.lax.rsqrt(self.var[...] + self.epsilon)
+        y = centred * inv * self.scale[...] + self.bias[...]
+        return constrain_image(y.astype(self.dtype))
+
+
+class ConvBN(nnx.Module):
+    """Conv -> BatchNorm -> optional ReLU, the unit every ResNet block is built from."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        kernel_size: int,
+        *,
+        rngs: nnx.Rngs,
+        strides: int = 1,
+        relu: bool = True,
+        bn_group_size: int = 0,
+        bn_momentum: float = 0.9,
+        zero_init_scale: bool = False,
+        dtype: jnp.dtype = jnp.float32,
+    ):
+        self.conv = Conv(
+            in_features, out_features, kernel_size, rngs=rngs, strides=strides, dtype=dtype
+        )
+        self.bn = BatchNorm(
+            out_features,
+            rngs=rngs,
+            momentum=bn_momentum,
+            group_size=bn_group_size,
+            scale_init=nnx.initializers.zeros if zero_init_scale else nnx.initializers.ones,
+            dtype=dtype,
+        )
+        self.relu = relu
+
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+        y = self.bn(self.conv(x), train)
+        return jax.nn.relu(y) if self.relu else y
+
+
+def max_pool(x: jax.Array, window: int, stride: int, padding: Sequence[int] = (1, 1)) -> jax.Array:
+    """NHWC max pooling with explicit padding (-inf), spatially partitionable by XLA."""
+    pads = ((0, 0), tuple(padding), tuple(padding), (0, 0))
+    y = jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (1, window, window, 1), (1, stride, stride, 1), pads
+    )
+    return constrain_image(y)
