@@ -106,6 +106,21 @@ def _base() -> ConfigDict:
             steps=0,
         )
     )
+    # Checkpoints (mlperf/checkpoint.py): written asynchronously into `dir` ("" = the
+    # workdir's checkpoints/) every `every_steps` steps (0: never), after each eval
+    # (`at_eval`) and on SIGTERM; the last `keep` plus the `keep_best` best by the target
+    # metric are kept. A restart with the same command resumes from the newest readable one.
+    c.checkpoint = ConfigDict(
+        {
+            "enabled": True,
+            "dir": "",
+            "every_steps": 0,
+            "at_eval": True,
+            "keep": 2,
+            "keep_best": 1,
+            "async": True,
+        }
+    )
     return c
 
 
@@ -207,4 +222,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
                 eval_batch_size=8192,
                 target=0.712,
             )
+            # The 30,522-word vocabulary padded to a multiple of 64 so the embedding and
+            # MLM head split over a model axis of up to 64 (as TPU implementations do).
+            c.model.vocab_size = 30528
+            # For launch.plan: steps to the target in Google's published run.
+            c.plan = ConfigDict(dict(steps_to_target=560))
     return c

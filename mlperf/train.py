@@ -11,14 +11,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 
+from mlperf.checkpoint import (
+    CheckpointConfig,
+    Checkpointer,
+    Restored,
+    committed_steps,
+    reopen_mllog,
+)
 from mlperf.evaluate import Evaluator
 from mlperf.mllog import MlLog, keys
 from mlperf.optimizer import PhaseSchedule, build_optimizer, joined_schedule
@@ -27,7 +37,7 @@ from mlperf.steps import batch_abstract, make_train_step
 from mlperf.task import Phase, Task, target_reached
 from mlperf.tasks import get_task
 from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
-from mlperf.validate import validate
+from mlperf.validate import check_workdir, validate
 from parallel.data_parallel import GradReduction
 from parallel.mesh import build_mesh, mesh_shape
 from parallel.partition import DataLayout, Partitioner
@@ -146,19 +156,59 @@ class _PhaseRun:
     iterator: Iterator[dict[str, np.ndarray]]
     pending: dict[str, np.ndarray]
     step_fn: Any
+    done: int = 0  # steps of this phase already trained (a resumed run starts past 0)
+
+
+class _Preemption:
+    """SIGTERM (preemption notice) -> save a checkpoint at the next step and stop.
+
+    One process: a signal handler sets a flag. Several processes: JAX's preemption sync
+    point (set up by jax.distributed) makes every host stop at the same step."""
+
+    def __init__(self):
+        self.flag = False
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.flag = True
+
+    def reached(self, step: int) -> bool:
+        if jax.process_count() == 1:
+            return self.flag
+        try:
+            return multihost_utils.reached_preemption_sync_point(step)
+        except RuntimeError:  # no preemption service in this cluster
+            return False
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 class _Loop:
     """The training loop's running state: counters, evals, the MLPerf block structure."""
 
     def __init__(
-        self, trainer: Trainer, evaluator: Evaluator, mll: MlLog, is_main: bool, workdir: str
+        self,
+        trainer: Trainer,
+        evaluator: Evaluator,
+        mll: MlLog,
+        is_main: bool,
+        workdir: str,
+        checkpointer: Checkpointer | None = None,
+        resumed: dict[str, Any] | None = None,
     ):
         self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
+        self.checkpointer = checkpointer
         # One JSON object per logged step and per eval, for plots and run comparisons.
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
-        if is_main:
-            open(self.metrics_path, "w").close()
         self.task = trainer.task
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
@@ -171,18 +221,106 @@ class _Loop:
         self.reached = False
         self.to_target: dict[str, Any] = {}
         self.status = keys.SUCCESS
+        self.block_open = False
+        self._block_start = 0
         self._pending_eval = None
+        self._evaluated_at = -1
+        self.elapsed_before = 0.0  # run time before a restart
+        self.last_saved: str | None = None
+        self.preemption = _Preemption() if checkpointer is not None else None
+        if resumed is not None:
+            self._resume(resumed)
+        elif is_main:
+            open(self.metrics_path, "w").close()
         self.start = time.perf_counter()
 
+    # ---- checkpoints ---------------------------------------------------------------------
+    _SAVED = (
+        "step samples next_eval eval_metrics last_metrics reached to_target block_open"
+    ).split()
+
+    def _resume(self, meta: dict[str, Any]) -> None:
+        """Counters, eval schedule and MLPerf block state as they were at the checkpoint."""
+        for name in self._SAVED:
+            setattr(self, name, meta[name])
+        self._block_start = meta["block_start"]
+        self.elapsed_before = meta["elapsed_s"]
+        self._evaluated_at = meta["evaluated_at"]
+        if self.eval_metrics:
+            self.progress.eval_done(self._evaluated_at, self.eval_metrics[self.task.target_metric])
+        if self.is_main:
+            # Lines written after the checkpoint are written again by this run.
+            if os.path.exists(self.metrics_path):
+                os.truncate(self.metrics_path, min(meta["metrics_bytes"], _size(self.metrics_path)))
+            else:
+                open(self.metrics_path, "w").close()
+
+    def _meta(self, phase_index: int, done: int, key) -> dict[str, Any]:
+        config = self.trainer.config
+        return {
+            **{name: getattr(self, name) for name in self._SAVED},
+            "block_start": self._block_start,
+            "evaluated_at": self._evaluated_at,
+            "phase": phase_index,
+            "phase_step": done,
+            "elapsed_s": self.elapsed_before + time.perf_counter() - self.start,
+            "mllog_bytes": _size(self.mll.path) if self.is_main else 0,
+            "metrics_bytes": _size(self.metrics_path) if self.is_main else 0,
+            "rng_key": np.asarray(jax.random.key_data(key).addressable_data(0)).tolist(),
+            "seed": config.seed,
+            "benchmark": self.task.benchmark,
+            "variant": config.variant,
+        }
+
+    def _save_due(self, boundary: bool) -> bool:
+        """Whether a checkpoint is written after this step (before the preemption check)."""
+        c = self.checkpointer
+        if c is None:
+            return False
+        every = c.cfg.every_steps
+        return (every > 0 and self.step % every == 0) or (boundary and c.cfg.at_eval)
+
+    def _save(self, state, key, phase_index: int, pr: _PhaseRun, iterator_state, metrics):
+        """Writes a checkpoint of a healthy state; False (and status aborted) if not."""
+        if not self._healthy(state, metrics):
+            return False
+        self._take_eval()  # a checkpoint never holds an eval still being computed
+        evaluated = self.eval_metrics if self._evaluated_at == self.samples else None
+        meta = self._meta(phase_index, pr.done, key)
+        self.checkpointer.save(self.step, state, meta, iterator_state, evaluated)
+        self.last_saved = self.checkpointer.step_path(self.step)
+        return True
+
+    def _healthy(self, state, metrics) -> bool:
+        """Loss and parameters finite; otherwise stop, keeping the last good checkpoint."""
+        loss = float(jax.device_get(metrics["loss"]))
+        if np.isfinite(loss) and bool(jax.device_get(_all_finite(state["params"]))):
+            return True
+        what = f"loss is {loss}" if not np.isfinite(loss) else "parameters are not finite"
+        self._abort(what)
+        return False
+
+    def _abort(self, what: str) -> None:
+        self.status = keys.ABORTED
+        kept = self.last_saved or "none (no checkpoint was written before it)"
+        print(
+            f"{what} at step {self.step}: stopping (mllog run_stop status aborted). "
+            f"Last good checkpoint: {kept}",
+            flush=True,
+        )
+
+    # ---- MLPerf blocks and evals ---------------------------------------------------------
     def _open_block(self) -> None:
         meta = {keys.FIRST_EPOCH_NUM: self.samples, keys.EPOCH_COUNT: self.eval_every}
         self.mll.start(keys.BLOCK_START, metadata=meta)
         self.mll.start(keys.EPOCH_START, metadata={keys.EPOCH_NUM: self.samples})
         self._block_start = self.samples
+        self.block_open = True
 
     def _close_block(self) -> None:
         self.mll.end(keys.EPOCH_STOP, metadata={keys.EPOCH_NUM: self.samples})
         self.mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self._block_start})
+        self.block_open = False
 
     def _evaluate(self, params) -> None:
         """Starts an eval of `params`; its metrics are taken now, or (async tasks) at the
@@ -202,6 +340,7 @@ class _Loop:
         samples, step, metrics_fn = self._pending_eval
         self._pending_eval = None
         self.eval_metrics = metrics_fn()
+        self._evaluated_at = samples
         value = self.eval_metrics[self.task.target_metric]
         self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
         self.progress.eval_done(samples, value)
@@ -215,18 +354,18 @@ class _Loop:
         if not self.reached and target_reached(self.task, self.eval_metrics):
             self.reached = True
             self.to_target = {
-                "time_to_target_s": time.perf_counter() - self.start,
+                "time_to_target_s": self.elapsed_before + time.perf_counter() - self.start,
                 "samples_to_target": samples,
                 "steps_to_target": step,
             }
 
     def _log(self, metrics) -> bool:
         """Fetches the step metrics and prints progress; False when the loss is not finite."""
-        self.last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not np.isfinite(self.last_metrics["loss"]):
-            self.status = keys.ABORTED
-            print(f"loss is {self.last_metrics['loss']} at step {self.step}: stopping.", flush=True)
+        last = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not np.isfinite(last["loss"]):
+            self._abort(f"loss is {last['loss']}")
             return False
+        self.last_metrics = last
         self.progress.log(self.step, self.samples, self.last_metrics)
         self._record(
             {"kind": "train", **self.last_metrics, "samples_per_s": self.progress.samples_per_s}
@@ -238,47 +377,106 @@ class _Loop:
             with open(self.metrics_path, "a") as f:
                 f.write(json.dumps({"step": self.step, "samples": self.samples, **entry}) + "\n")
 
+    # ---- the loop ------------------------------------------------------------------------
     def run(self, state, key, phase_runs: list[_PhaseRun]):
-        """Trains through every phase until the target (or the step budget)."""
+        """Trains through every phase (from where a checkpoint left off) until the target
+        or the step budget; stops early at a preemption notice or a non-finite loss."""
+        try:
+            return self._run(state, key, phase_runs)
+        finally:
+            if self.preemption is not None:
+                self.preemption.close()
+
+    def _run(self, state, key, phase_runs: list[_PhaseRun]):
         config = self.trainer.config
         partitioner = self.trainer.partitioner
         metrics = None
-        self._open_block()
-        for pr in phase_runs:
-            for _ in range(pr.phase.steps):
+        if not self.block_open and self.step < self.total_steps:
+            self._open_block()
+        for phase_index, pr in enumerate(phase_runs):
+            while pr.done < pr.phase.steps:
                 batch = partitioner.host_to_global(pr.pending, pr.layout)
                 state, metrics = pr.step_fn(state, batch, key)
                 self.step += 1
+                pr.done += 1
                 self.samples += pr.phase.global_batch_size
-                pr.pending = next(pr.iterator)  # host input overlaps the device step
                 last = self.step == self.total_steps
+                boundary = self.samples >= self.next_eval or last
+                preempted = self.preemption is not None and self.preemption.reached(self.step)
+                save = self._save_due(boundary) or preempted
+                # The input position of the next step, taken before it is prefetched.
+                iterator_state = pr.iterator.get_state() if save else None
+                pr.pending = next(pr.iterator)  # host input overlaps the device step
                 if (self.step % config.train.log_every_steps == 0 or last) and not self._log(
                     metrics
                 ):
                     return state
-                if self.samples >= self.next_eval or last:
+                stop = False
+                if boundary:
                     self._close_block()
                     self._take_eval()  # an async eval still running from the last boundary
-                    if self.reached and config.train.stop_at_target:
-                        return state
-                    self._evaluate(state["params"])
-                    self.next_eval += self.eval_every
-                    if self.reached and config.train.stop_at_target:
-                        return state
-                    if not last:
+                    stop = self.reached and config.train.stop_at_target
+                    if not stop:
+                        self._evaluate(state["params"])
+                        self.next_eval += self.eval_every
+                        stop = self.reached and config.train.stop_at_target
+                    if not stop and not last:
                         self._open_block()
+                if save and not self._save(state, key, phase_index, pr, iterator_state, metrics):
+                    return state
+                if preempted:
+                    self.status = "preempted"
+                    print(
+                        f"preemption notice: checkpoint {self.last_saved} written; stopping. "
+                        "Run the same command again to continue.",
+                        flush=True,
+                    )
+                    return state
+                if stop:
+                    return state
         self._take_eval()
         if not self.last_metrics and metrics is not None:
             self._log(metrics)
         return state
 
 
+def _size(path: str) -> int:
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def _restore_input(pr: _PhaseRun, restored: Restored | None, phase_index: int) -> None:
+    """Moves a fresh phase iterator to where the checkpoint left it and prefetches a batch."""
+    if restored is not None:
+        meta = restored.meta
+        if phase_index < meta["phase"]:
+            pr.done = pr.phase.steps  # an earlier phase: finished
+            return
+        if phase_index == meta["phase"]:
+            pr.done = meta["phase_step"]
+            if restored.iterator_state is not None:
+                pr.iterator.set_state(restored.iterator_state)
+            else:
+                # Written by another process count: this host's rows of the same global
+                # batches follow from the number of batches taken (GlobalOrderHostRows).
+                for _ in range(pr.done):
+                    next(pr.iterator)
+    if pr.done < pr.phase.steps:
+        pr.pending = next(pr.iterator)
+
+
 def run(config, workdir: str) -> dict[str, Any]:
-    """Trains to the target (or the step budget) and returns the result dict."""
+    """Trains to the target (or the step budget) and returns the result dict.
+
+    With checkpoints in the work directory (a restart with the same command) the run
+    continues from the newest readable one."""
     init_wall = time.time()
-    os.makedirs(workdir, exist_ok=True)
+    ckpt_cfg = CheckpointConfig.from_config(config, workdir)
+    check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None)
+    resuming = ckpt_cfg.enabled and bool(committed_steps(ckpt_cfg.directory))
     is_main = jax.process_index() == 0
-    mll = MlLog(os.path.join(workdir, "mllog.txt"), enabled=is_main)
+    mllog_path = os.path.join(workdir, "mllog.txt")
+    # A resumed run continues the log written so far (reopened once restored).
+    mll = MlLog(mllog_path, enabled=is_main and not resuming)
     mll.event(keys.CACHE_CLEAR, True)
     mll.start(keys.INIT_START)
 
@@ -289,15 +487,31 @@ def run(config, workdir: str) -> dict[str, Any]:
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
     mll.hyperparameters(task.mllog_hparams())
 
+    checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
+    restored = None
+    if resuming:
+        # Before compiling: another model's checkpoint is an error right away.
+        restored = checkpointer.restore_latest(trainer.layout.abstract_train_state)
+    if restored is not None:
+        state = restored.state
+        key_data = np.asarray(restored.meta["rng_key"], np.uint32)
+        key = partitioner.replicate(lambda: jax.random.wrap_key_data(key_data))
+        print(f"resuming from {restored.path} (step {restored.step})", flush=True)
+    else:
+        state = trainer.init_state()
+        key = partitioner.replicate(lambda: jax.random.key(config.seed))
+
     # Data iterators and compiled steps for every phase, all before run_start.
     phase_runs = []
-    for phase in phases:
+    for i, phase in enumerate(phases):
         layout = partitioner.data_layout(phase.global_batch_size)
         iterator = iter(
             task.train_data(phase, layout.host_batch_size, layout.shard_index, layout.shard_count)
         )
         step_fn = trainer.lower_train_step(phase).compile()
-        phase_runs.append(_PhaseRun(phase, layout, iterator, next(iterator), step_fn))
+        pr = _PhaseRun(phase, layout, iterator, {}, step_fn)
+        _restore_input(pr, restored, i)
+        phase_runs.append(pr)
     eval_layout = partitioner.data_layout(config.train.eval_batch_size)
     eval_batches = task.eval_data(
         config.train.eval_batch_size, eval_layout.shard_index, eval_layout.shard_count
@@ -305,20 +519,34 @@ def run(config, workdir: str) -> dict[str, Any]:
     evaluator = Evaluator(
         task, trainer.layout, partitioner, eval_batches, config.train.eval_batch_size
     )
-    state = trainer.init_state()
-    key = partitioner.replicate(lambda: jax.random.key(config.seed))
     mll.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
     mll.event(keys.EVAL_SAMPLES, task.num_eval_examples())
     mll.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
 
-    mll.start(keys.RUN_START)
-    loop = _Loop(trainer, evaluator, mll, is_main, workdir)
-    state = loop.run(state, key, phase_runs)
-    jax.block_until_ready(state)
-    run_time = time.perf_counter() - loop.start
-    status = loop.status if loop.reached else keys.ABORTED
-    mll.end(keys.RUN_STOP, metadata={keys.STATUS: status})
+    if restored is None:
+        mll.start(keys.RUN_START)
+    else:
+        mll = reopen_mllog(mllog_path, restored.meta["mllog_bytes"], is_main)
+    loop = _Loop(
+        trainer,
+        evaluator,
+        mll,
+        is_main,
+        workdir,
+        checkpointer,
+        restored.meta if restored is not None else None,
+    )
+    try:
+        state = loop.run(state, key, phase_runs)
+        jax.block_until_ready(state)
+    finally:
+        if checkpointer is not None:
+            checkpointer.close()  # every started checkpoint committed
+    run_time = loop.elapsed_before + time.perf_counter() - loop.start
+    status = loop.status if loop.reached or loop.status == "preempted" else keys.ABORTED
+    if status != "preempted":  # a preempted run's log is continued by its restart
+        mll.end(keys.RUN_STOP, metadata={keys.STATUS: status})
     mll.close()
 
     result = {
@@ -343,8 +571,10 @@ def run(config, workdir: str) -> dict[str, Any]:
         "processes": jax.process_count(),
         "params": param_count(trainer.layout),
         "params_fingerprint": params_fingerprint(state["params"]),
-        "mllog": os.path.join(workdir, "mllog.txt"),
+        "mllog": mllog_path,
         "status": status,
+        "resumed_from_step": restored.step if restored is not None else None,
+        "last_checkpoint": loop.last_saved,
     }
     write_result(workdir, result)
     if is_main:

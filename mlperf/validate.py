@@ -6,6 +6,8 @@ Each failure is one ConfigError naming the value and what would fix it.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 from parallel.mesh import MeshShapeError, resolve_shape
 
@@ -76,3 +78,30 @@ def validate(config, num_devices: int) -> dict[str, int]:
             "parameters and optimizer state are kept in float32; use float32."
         )
     return sizes
+
+
+def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: int = 64) -> None:
+    """Fails before anything is built if the work (or checkpoint) directory cannot be
+    created or written, or its disk is (nearly) full."""
+    for name, path in (("--workdir", workdir), ("checkpoint.dir", checkpoint_dir)):
+        if not path:
+            continue
+        try:
+            os.makedirs(path, exist_ok=True)
+            probe = os.path.join(path, f".write_probe_{os.getpid()}")
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+            os.remove(probe)
+        except OSError as e:
+            raise ConfigError(
+                f"{name} {path!r} is not writable ({e.strerror or e}); choose a directory "
+                "you can write to, or fix its permissions."
+            ) from None
+        free_mb = shutil.disk_usage(path).free // (1 << 20)
+        if free_mb < min_free_mb:
+            raise ConfigError(
+                f"{name} {path!r} has only {free_mb} MiB free (at least {min_free_mb} MiB "
+                "needed for logs and checkpoints); free some space or choose another directory."
+            )
