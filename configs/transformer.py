@@ -1,0 +1,186 @@
+"""Transformer translation configs: `--config configs/transformer.py:<variant>`.
+
+Variants: tiny (embedded English -> German task, CPU, minutes; `make quality`),
+multi30k (Multi30k En-De from ../shared/data; `make quality-real`), base, big,
+mlperf_v07 (Google's MLPerf v0.7 JAX run: big model, 2048 packed 256-token rows, Adam,
+target BLEU 25.0 on newstest2014; point data.data_dir at your WMT files).
+Any value can be overridden: `--config.train.global_batch_size=64`.
+"""
+
+from ml_collections import ConfigDict
+
+VARIANTS = ("tiny", "multi30k", "base", "big", "mlperf_v07")
+
+
+def _base() -> ConfigDict:
+    c = ConfigDict()
+    c.benchmark = "transformer"
+    c.variant = ""
+    c.seed = 0
+    # One-hot einsums for embedding lookups and the label pick: no gather/scatter in the
+    # train step (the TPU choice); gathers are faster for big vocabularies on CPU.
+    c.einsum_gather = True
+    c.label_smoothing = 0.1
+    c.model = ConfigDict(
+        dict(
+            emb_dim=1024,
+            num_heads=16,
+            num_layers=6,
+            mlp_dim=4096,
+            dropout_rate=0.1,
+            attention_dropout_rate=0.1,
+        )
+    )
+    c.data = ConfigDict(
+        dict(
+            corpus="files",  # "tiny" (embedded) or "files"
+            data_dir="",  # relative file paths are resolved against this
+            train_files=("train.en", "train.de"),  # (source, target), line-aligned
+            eval_files=("newstest2014.en", "newstest2014.de"),
+            vocab_file="",  # sentencepiece model; "" = train one on the training text
+            vocab_size=32768,
+            vocab_type="unigram",  # sentencepiece model type: unigram, bpe or word
+            max_length=256,  # packed row length; longer train pairs are skipped
+            eval_max_length=256,  # longer eval inputs are truncated
+            pack=True,
+            seed=0,  # packing order and the tiny corpus
+            cache_dir="",  # "" = ~/.cache/multipod
+            max_eval_examples=0,
+            tiny_train_pairs=6000,
+            tiny_eval_pairs=256,
+        )
+    )
+    c.eval = ConfigDict(dict(beam_size=4, length_penalty=0.6, max_extra_length=50))
+    c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
+    c.parallel = ConfigDict(
+        dict(
+            weight_update_sharding=True,
+            fsdp=False,
+            grad_allreduce="xla",
+            grad_bucket_bytes=4 << 20,
+            grad_allreduce_chunks=0,
+        )
+    )
+    c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
+    c.optimizer = ConfigDict(
+        dict(
+            name="adam",
+            # "rsqrt": linear warmup then 1/sqrt(step) (mlperf/transformer/schedule.py),
+            # used when the loop takes the task's schedule; the loop's own schedule is a
+            # linear warmup + polynomial decay over decay_steps.
+            schedule="rsqrt",
+            rsqrt_hidden=0,  # > 0: also scale by 1/sqrt(hidden)
+            learning_rate=1e-3,
+            b1=0.9,
+            b2=0.98,
+            eps=1e-9,
+            weight_decay=0.0,
+            warmup_steps=1000,
+            decay_steps=0,  # 0: train.steps
+            power=1.0,
+            grad_clip_norm=0.0,
+        )
+    )
+    c.train = ConfigDict(
+        dict(
+            global_batch_size=256,
+            microbatches=1,
+            steps=10000,
+            eval_every_samples=0,
+            eval_batch_size=256,
+            log_every_steps=50,
+            target=25.0,  # BLEU (sacrebleu, 0-100); logged as eval_accuracy = BLEU / 100
+            stop_at_target=True,
+        )
+    )
+    return c
+
+
+def get_config(arg: str = "tiny") -> ConfigDict:
+    """Returns the config for one variant."""
+    if arg not in VARIANTS:
+        raise ValueError(f"unknown transformer variant {arg!r}; choose one of {VARIANTS}.")
+    c = _base()
+    c.variant = arg
+    if arg == "tiny":
+        c.model.update(
+            emb_dim=64,
+            num_heads=4,
+            num_layers=2,
+            mlp_dim=256,
+            dropout_rate=0.0,
+            attention_dropout_rate=0.0,
+        )
+        c.data.update(
+            corpus="tiny",
+            vocab_size=128,
+            vocab_type="word",
+            max_length=64,
+            eval_max_length=64,
+            seed=0,
+        )
+        c.mesh.ici_shape = (2, 4)
+        c.precision.compute_dtype = "float32"
+        c.optimizer.update(learning_rate=3e-3, warmup_steps=50)
+        # TODO(measure): target set from the measured curve.
+        c.train.update(
+            global_batch_size=32,
+            steps=1000,
+            eval_every_samples=32 * 100,
+            eval_batch_size=128,
+            log_every_steps=50,
+            target=60.0,
+        )
+    elif arg == "multi30k":
+        c.model.update(
+            emb_dim=256,
+            num_heads=4,
+            num_layers=3,
+            mlp_dim=512,
+            dropout_rate=0.1,
+            attention_dropout_rate=0.1,
+        )
+        c.data.update(
+            corpus="files",
+            data_dir="../shared/data",
+            train_files=("multi30k/train.en", "multi30k/train.de"),
+            eval_files=("multi30k/val.en", "multi30k/val.de"),
+            vocab_size=4000,
+            max_length=64,
+            eval_max_length=128,
+        )
+        # The one-hot lookups over 8,000 ids cost more than this small model on a CPU.
+        c.einsum_gather = False
+        c.mesh.ici_shape = (-1, 1)
+        c.precision.compute_dtype = "float32"
+        c.optimizer.update(learning_rate=2e-3, warmup_steps=200)
+        c.train.update(
+            global_batch_size=32,
+            steps=1500,
+            eval_every_samples=32 * 300,
+            eval_batch_size=512,
+            log_every_steps=50,
+            target=25.0,
+        )
+    elif arg == "base":
+        c.model.update(emb_dim=512, num_heads=8, num_layers=6, mlp_dim=2048)
+    elif arg in ("big", "mlperf_v07"):
+        c.mesh.ici_shape = (-1, 4)
+        if arg == "mlperf_v07":
+            # Google's MLPerf v0.7 JAX Transformer run (4096 TPU-v3 chips, 15.5 s).
+            c.optimizer.update(
+                b1=0.9086575725261137,
+                b2=0.9198719118104947,
+                eps=1e-9,
+                learning_rate=3.3092157691415953,
+                warmup_steps=664,
+                rsqrt_hidden=1024,
+            )
+            c.train.update(
+                global_batch_size=2048,
+                steps=2000,
+                eval_batch_size=3072,
+                target=25.0,
+            )
+            c.data.update(max_length=256, vocab_size=33708)
+    return c

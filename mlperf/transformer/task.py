@@ -1,0 +1,267 @@
+"""MLPerf Transformer (WMT English-German) as a Task: label-smoothed loss on packed rows,
+beam-search decoding on the mesh, BLEU from statistics summed over hosts.
+
+Eval: `eval_sums` gives the teacher-forced loss and token accuracy (device sums);
+`eval_outputs` runs beam search on the mesh (batch sharded over `data`);
+`host_eval_stats` detokenises this host's rows and turns them into sacrebleu's
+sufficient statistics; `finalize_eval` sums them over hosts and computes BLEU once.
+The target metric is BLEU / 100, the scale MLPerf logs as eval_accuracy (25.0 -> 0.25).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline import packing, translation_vocab
+from input_pipeline.translation_data import TranslationData, build_translation_data
+from mlperf.mllog import keys
+from mlperf.task import Phase
+from mlperf.transformer import bleu
+from mlperf.transformer.beam_search import beam_search
+from mlperf.transformer.model import Transformer, TransformerConfig
+from mlperf.transformer.schedule import rsqrt_schedule
+from parallel.precision import policy_from_config
+
+VOCAB_MULTIPLE = 128
+
+
+def pick(log_probs: jax.Array, labels: jax.Array, einsum_gather: bool) -> jax.Array:
+    """log p(label) per position; a one-hot product on the einsum path (no gather)."""
+    if einsum_gather:
+        one_hot = jax.nn.one_hot(labels, log_probs.shape[-1], dtype=log_probs.dtype)
+        return jnp.sum(log_probs * one_hot, axis=-1)
+    return jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+
+
+def smoothed_cross_entropy(
+    logits: jax.Array, labels: jax.Array, smoothing: float, einsum_gather: bool
+) -> tuple[jax.Array, jax.Array]:
+    """(label-smoothed loss, plain negative log-likelihood) per position, fp32.
+
+    Soft targets: 1 - smoothing on the label, smoothing / (V - 1) elsewhere; the loss is
+    shifted by the soft targets' entropy so that a perfect prediction scores 0.
+    """
+    vocab = logits.shape[-1]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -pick(log_probs, labels, einsum_gather)
+    confidence = 1.0 - smoothing
+    low = smoothing / (vocab - 1)
+    total = -jnp.sum(log_probs, axis=-1)
+    loss = confidence * nll + low * (total - nll)
+    entropy = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+    return loss - entropy, nll
+
+
+def eval_rows(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The packed-row fields of unpacked eval pairs: segment 1 on real tokens, positions
+    0..L-1."""
+    out = {}
+    for side in ("inputs", "targets"):
+        tokens = batch[side]
+        out[side] = tokens
+        out[f"{side}_segmentation"] = (tokens > 0).astype(jnp.int32)
+        out[f"{side}_position"] = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    return out
+
+
+class TransformerTask:
+    """MLPerf Transformer translation with BLEU in the loop."""
+
+    benchmark = "transformer"
+    target_metric = "bleu_fraction"
+
+    def __init__(self, config):
+        self.config = config
+        self.target_value = float(config.train.target) / 100.0
+        self._data: TranslationData | None = None
+
+    # ---- data ----------------------------------------------------------------------------
+    def prepare(self, shard_index: int, shard_count: int) -> None:
+        """Builds (or loads the cached) vocabulary, dataset and packed rows."""
+        del shard_index, shard_count  # every host holds the (small) index; rows are sharded
+        self.data()
+
+    def data(self) -> TranslationData:
+        if self._data is None:
+            self._data = build_translation_data(self.config.data)
+        return self._data
+
+    def phases(self) -> list[Phase]:
+        c = self.config
+        return [
+            Phase(
+                name="train",
+                global_batch_size=c.train.global_batch_size,
+                steps=c.train.steps,
+                learning_rate=c.optimizer.learning_rate,
+                warmup_steps=c.optimizer.warmup_steps,
+                decay_steps=c.optimizer.decay_steps or c.train.steps,
+                data={"length": c.data.max_length},
+            )
+        ]
+
+    def schedule(self):
+        """The rsqrt schedule (optimizer.schedule == "rsqrt"), else None (the loop's
+        linear warmup + polynomial decay)."""
+        o = self.config.optimizer
+        if o.get("schedule", "rsqrt") != "rsqrt":
+            return None
+        return rsqrt_schedule(o.learning_rate, o.warmup_steps, o.get("rsqrt_hidden", 0))
+
+    def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
+        return self.data().train_iterator(
+            host_batch_size, self.config.seed, shard_index, shard_count
+        )
+
+    def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {name: ((phase.data["length"],), "int32") for name in packing.PACKED_FIELDS}
+
+    def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
+        return self.data().eval_batches(global_batch_size, shard_index, shard_count)
+
+    def num_eval_examples(self) -> int:
+        return self.data().num_eval_examples
+
+    # ---- model ---------------------------------------------------------------------------
+    def model_config(self) -> TransformerConfig:
+        m = self.config.model
+        # The trained vocabulary wins; without prepared data (inspect, AOT) the config's.
+        vocab = self._data.vocab_size if self._data is not None else self.config.data.vocab_size
+        # Rounded up so that the vocab axis splits evenly over `model`; the extra ids are
+        # never targets and are dropped if decoded.
+        vocab = VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE)
+        return TransformerConfig(
+            vocab_size=vocab,
+            emb_dim=m.emb_dim,
+            num_heads=m.num_heads,
+            num_layers=m.num_layers,
+            mlp_dim=m.mlp_dim,
+            dropout_rate=m.dropout_rate,
+            attention_dropout_rate=m.attention_dropout_rate,
+            einsum_gather=self.config.einsum_gather,
+            compute_dtype=policy_from_config(
+                self.config.precision.compute_dtype, self.config.precision.param_dtype
+            ).compute_dtype,
+        )
+
+    def build_model(self, rngs: nnx.Rngs) -> Transformer:
+        return Transformer(self.model_config(), rngs=rngs)
+
+    # ---- loss ----------------------------------------------------------------------------
+    def denominators(self, batch) -> dict[str, jax.Array]:
+        tokens = jnp.sum(batch["targets_segmentation"] > 0).astype(jnp.float32)
+        return {"tokens": jnp.maximum(tokens, 1.0)}
+
+    def loss(self, model, batch, denominators, rng):
+        logits = model(batch, rng=rng)
+        weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
+        loss, nll = smoothed_cross_entropy(
+            logits, batch["targets"], self.config.label_smoothing, self.config.einsum_gather
+        )
+        correct = (jnp.argmax(logits, -1) == batch["targets"]) * weights
+        aux = {
+            "nll": jnp.sum(nll * weights) / denominators["tokens"],
+            "token_accuracy": jnp.sum(correct) / denominators["tokens"],
+        }
+        return jnp.sum(loss * weights) / denominators["tokens"], aux
+
+    # ---- eval ----------------------------------------------------------------------------
+    def eval_sums(self, model, batch) -> dict[str, jax.Array]:
+        rows = eval_rows(batch)
+        logits = model(rows)
+        weights = (rows["targets_segmentation"] > 0) * batch["mask"][:, None]
+        weights = weights.astype(jnp.float32)
+        _, nll = smoothed_cross_entropy(logits, rows["targets"], 0.0, self.config.einsum_gather)
+        correct = (jnp.argmax(logits, -1) == rows["targets"]) * weights
+        return {
+            "nll_sum": jnp.sum(nll * weights),
+            "tokens": jnp.sum(weights).astype(jnp.int32),
+            "correct": jnp.sum(correct).astype(jnp.int32),
+            "examples": jnp.sum(batch["mask"]).astype(jnp.int32),
+        }
+
+    def eval_outputs(self, model, batch) -> dict[str, jax.Array]:
+        """Beam-search translations [B, input length + extra] of the batch's inputs."""
+        e = self.config.eval
+        rows = eval_rows(batch)
+        inputs, segments = rows["inputs"], rows["inputs_segmentation"]
+        batch_size, beam = inputs.shape[0], int(e.beam_size)
+        encoded = model.encode(inputs, segments, rows["inputs_position"])
+        # Beams of one sentence share its encoder output: cross-attention K/V are
+        # computed once and repeated (beam-major rows), never reordered.
+        cross = jax.tree.map(lambda x: jnp.repeat(x, beam, axis=0), model.cross_cache(encoded))
+        segments_rep = jnp.repeat(segments, beam, axis=0)
+        max_length = inputs.shape[1] + int(e.max_extra_length)
+        limits = jnp.sum(segments, axis=1) + int(e.max_extra_length)
+
+        def step(tokens, cache, index):
+            return model.decode_step(tokens, cache, cross, index, segments_rep)
+
+        tokens, _ = beam_search(
+            step,
+            model.self_cache(batch_size * beam, max_length),
+            batch_size,
+            beam,
+            max_length,
+            translation_vocab.EOS_ID,
+            float(e.length_penalty),
+            limits,
+        )
+        return {"tokens": tokens}
+
+    def translations(self, outputs: list[dict], batches: list[dict]) -> tuple[list, list]:
+        """(hypotheses, references) of this host's real eval rows, in order."""
+        data = self.data()
+        hyps, refs = [], []
+        for out, b in zip(outputs, batches, strict=True):
+            for tokens, index, mask in zip(out["tokens"], b["index"], b["mask"], strict=True):
+                if mask > 0:
+                    hyps.append(translation_vocab.decode_ids(data.vocab, tokens))
+                    refs.append(data.references[int(index)])
+        return hyps, refs
+
+    def host_eval_stats(self, outputs: list[dict], batches: list[dict]) -> dict[str, np.ndarray]:
+        hyps, refs = self.translations(outputs, batches)
+        return {"bleu_stats": bleu.bleu_stats(hyps, refs)}
+
+    def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
+        tokens = max(int(sums["tokens"]), 1)
+        metrics = {
+            "eval_loss": float(sums["nll_sum"]) / tokens,
+            "token_accuracy": int(sums["correct"]) / tokens,
+            "eval_examples": int(sums["examples"]),
+        }
+        if "bleu_stats" in sums:
+            metrics.update(bleu.bleu_from_stats(sums["bleu_stats"]))
+            metrics["bleu_fraction"] = metrics["bleu"] / 100.0
+        return metrics
+
+    # ---- reporting -----------------------------------------------------------------------
+    def mllog_hparams(self) -> dict[str, Any]:
+        o = self.config.optimizer
+        return {
+            keys.OPT_NAME: "adam",
+            keys.OPT_BASE_LR: o.learning_rate,
+            "opt_learning_rate_warmup_steps": o.warmup_steps,
+            "opt_adam_beta_1": o.b1,
+            "opt_adam_beta_2": o.b2,
+            "opt_adam_epsilon": o.eps,
+            keys.MAX_SEQUENCE_LENGTH: self.config.data.max_length,
+        }
+
+    def flops_per_example(self, phase: Phase) -> float:
+        """Training FLOPs of one packed row: 6 x matmul params per token x tokens, plus
+        attention scores and the (tied) output projection."""
+        m = self.model_config()
+        length = phase.data["length"]
+        d, f, n, v = m.emb_dim, m.mlp_dim, m.num_layers, m.vocab_size
+        encoder = n * (2 * (4 * d * d + 2 * d * f) + 4 * length * d)
+        decoder = n * (2 * (8 * d * d + 2 * d * f) + 8 * length * d) + 2 * d * v
+        embed = 2 * v * d * 2 if m.einsum_gather else 0  # one-hot lookups, both sides
+        return 3.0 * length * (encoder + decoder + embed)
