@@ -21,6 +21,8 @@ from launch.distributed import DistributedSetupError, init_distributed
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
+PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as if the signal had ended the process
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True
 )
@@ -48,11 +50,14 @@ def _fail(message: str, workdir: str | None) -> None:
     where = "set MULTIPOD_DEBUG=1 to raise it"
     if workdir:
         # Keep the traceback for bugs that surface as ValueError, without burying the message.
-        os.makedirs(workdir, exist_ok=True)
         path = os.path.join(workdir, "error.txt")
-        with open(path, "w") as f:
-            f.write(traceback.format_exc())
-        where = f"traceback in {path}; {where}"
+        try:
+            os.makedirs(workdir, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(traceback.format_exc())
+            where = f"traceback in {path}; {where}"
+        except OSError:  # the error may be that the workdir cannot be written
+            pass
     print(f"multipod: error: {message}\n({where})", file=sys.stderr)
     raise SystemExit(2)
 
@@ -76,6 +81,8 @@ def main(argv: list[str]) -> None:
         if os.environ.get("MULTIPOD_DEBUG"):
             raise
         _fail(str(e), _WORKDIR.value)
+    if result["status"] == "preempted":
+        raise SystemExit(PREEMPTED_EXIT_CODE)  # checkpoint written: run the command again
     if not result["reached_target"] or result["status"] != "success":
         raise SystemExit(1)
 

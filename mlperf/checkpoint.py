@@ -23,10 +23,12 @@ import dataclasses
 import json
 import logging as pylogging
 import os
+import signal
 from typing import Any
 
 import grain.checkpoint as grain_ckpt
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -183,7 +185,13 @@ def _all_hosts_ok(ok: bool) -> bool:
 class Checkpointer:
     """Saves and restores one run's checkpoints (see the module docstring)."""
 
-    def __init__(self, cfg: CheckpointConfig, best_metric: str, best_mode: str = "max"):
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        best_metric: str,
+        best_mode: str = "max",
+        read_only: bool = False,
+    ):
         self.cfg = cfg
         self.best_metric = best_metric
         policies: list[pp.PreservationPolicy] = [pp.LatestN(n=max(cfg.keep, 1))]
@@ -199,8 +207,10 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies),
             enable_async_checkpointing=cfg.async_save,
-            # Leftover temporary directories of a killed writer are removed on start.
-            cleanup_tmp_directories=True,
+            # Leftover temporary directories of a killed writer are removed on start
+            # (not by a reader such as launch.export, which may run beside the writer).
+            cleanup_tmp_directories=not read_only,
+            read_only=read_only,
         )
         handlers = {
             "state": ocp.StandardCheckpointHandler(),
@@ -276,7 +286,10 @@ class Checkpointer:
             return f"meta/metadata is unreadable ({e})"
         return check_manifest(path)
 
-    def _restore_step(self, step: int, abstract_state: PyTree) -> Restored:
+    def restore_step(self, step: int, abstract_state: PyTree) -> Restored:
+        """Checkpoint `step` restored into `abstract_state`'s shapes and shardings; raises
+        OSError (or orbax's error) when it is incomplete, CheckpointMismatchError when it
+        belongs to another model."""
         path = self.step_path(step)
         reason = self._incomplete_reason(step)
         if reason:
@@ -307,7 +320,7 @@ class Checkpointer:
         failures = []
         for step in reversed(steps):
             try:
-                restored = self._restore_step(step, abstract_state)
+                restored = self.restore_step(step, abstract_state)
                 ok, error = True, None
             except CheckpointMismatchError:
                 raise
@@ -361,3 +374,55 @@ def committed_steps(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+class PreemptionNotice:
+    """SIGTERM (preemption notice) -> save a checkpoint at the next step and stop.
+
+    One process: a signal handler sets a flag. Several processes: JAX's preemption sync
+    point (set up by jax.distributed) makes every host stop at the same step."""
+
+    def __init__(self):
+        self.flag = False
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.flag = True
+
+    def reached(self, step: int) -> bool:
+        if jax.process_count() == 1:
+            return self.flag
+        try:
+            return multihost_utils.reached_preemption_sync_point(step)
+        except RuntimeError:  # no preemption service in this cluster
+            return False
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+@jax.jit
+def all_finite(tree: PyTree) -> jax.Array:
+    """Whether every element of every leaf is finite (one device reduction)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def resume_position(restored: Restored | None, phase_index: int, phase_steps: int, iterator) -> int:
+    """Steps of a phase already trained at the checkpoint; moves the phase's fresh
+    iterator to the first batch those steps had not taken."""
+    if restored is None or phase_index > restored.meta["phase"]:
+        return 0
+    if phase_index < restored.meta["phase"]:
+        return phase_steps  # an earlier phase: finished
+    done = restored.meta["phase_step"]
+    if restored.iterator_state is not None:
+        iterator.set_state(restored.iterator_state)
+    else:
+        # Written by another process count: this host's rows of the same global batches
+        # follow from the number of batches taken (GlobalOrderHostRows).
+        for _ in range(done):
+            next(iterator)
+    return done

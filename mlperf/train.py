@@ -11,23 +11,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
 from mlperf.checkpoint import (
     CheckpointConfig,
     Checkpointer,
-    Restored,
+    PreemptionNotice,
+    all_finite,
     committed_steps,
     reopen_mllog,
+    resume_position,
 )
 from mlperf.evaluate import Evaluator
 from mlperf.mllog import MlLog, keys
@@ -159,39 +158,6 @@ class _PhaseRun:
     done: int = 0  # steps of this phase already trained (a resumed run starts past 0)
 
 
-class _Preemption:
-    """SIGTERM (preemption notice) -> save a checkpoint at the next step and stop.
-
-    One process: a signal handler sets a flag. Several processes: JAX's preemption sync
-    point (set up by jax.distributed) makes every host stop at the same step."""
-
-    def __init__(self):
-        self.flag = False
-        self._previous = None
-        if jax.process_count() == 1:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.flag = True
-
-    def reached(self, step: int) -> bool:
-        if jax.process_count() == 1:
-            return self.flag
-        try:
-            return multihost_utils.reached_preemption_sync_point(step)
-        except RuntimeError:  # no preemption service in this cluster
-            return False
-
-    def close(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-
-@jax.jit
-def _all_finite(tree) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
-
-
 class _Loop:
     """The training loop's running state: counters, evals, the MLPerf block structure."""
 
@@ -227,7 +193,7 @@ class _Loop:
         self._evaluated_at = -1
         self.elapsed_before = 0.0  # run time before a restart
         self.last_saved: str | None = None
-        self.preemption = _Preemption() if checkpointer is not None else None
+        self.preemption = PreemptionNotice() if checkpointer is not None else None
         if resumed is not None:
             self._resume(resumed)
         elif is_main:
@@ -270,6 +236,7 @@ class _Loop:
             "seed": config.seed,
             "benchmark": self.task.benchmark,
             "variant": config.variant,
+            "config": json.loads(config.to_json_best_effort()),  # for launch.export
         }
 
     def _save_due(self, boundary: bool) -> bool:
@@ -294,7 +261,7 @@ class _Loop:
     def _healthy(self, state, metrics) -> bool:
         """Loss and parameters finite; otherwise stop, keeping the last good checkpoint."""
         loss = float(jax.device_get(metrics["loss"]))
-        if np.isfinite(loss) and bool(jax.device_get(_all_finite(state["params"]))):
+        if np.isfinite(loss) and bool(jax.device_get(all_finite(state["params"]))):
             return True
         what = f"loss is {loss}" if not np.isfinite(loss) else "parameters are not finite"
         self._abort(what)
@@ -444,26 +411,6 @@ def _size(path: str) -> int:
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
-def _restore_input(pr: _PhaseRun, restored: Restored | None, phase_index: int) -> None:
-    """Moves a fresh phase iterator to where the checkpoint left it and prefetches a batch."""
-    if restored is not None:
-        meta = restored.meta
-        if phase_index < meta["phase"]:
-            pr.done = pr.phase.steps  # an earlier phase: finished
-            return
-        if phase_index == meta["phase"]:
-            pr.done = meta["phase_step"]
-            if restored.iterator_state is not None:
-                pr.iterator.set_state(restored.iterator_state)
-            else:
-                # Written by another process count: this host's rows of the same global
-                # batches follow from the number of batches taken (GlobalOrderHostRows).
-                for _ in range(pr.done):
-                    next(pr.iterator)
-    if pr.done < pr.phase.steps:
-        pr.pending = next(pr.iterator)
-
-
 def run(config, workdir: str) -> dict[str, Any]:
     """Trains to the target (or the step budget) and returns the result dict.
 
@@ -510,7 +457,9 @@ def run(config, workdir: str) -> dict[str, Any]:
         )
         step_fn = trainer.lower_train_step(phase).compile()
         pr = _PhaseRun(phase, layout, iterator, {}, step_fn)
-        _restore_input(pr, restored, i)
+        pr.done = resume_position(restored, i, phase.steps, iterator)
+        if pr.done < phase.steps:
+            pr.pending = next(iterator)
         phase_runs.append(pr)
     eval_layout = partitioner.data_layout(config.train.eval_batch_size)
     eval_batches = task.eval_data(

@@ -1,0 +1,230 @@
+"""Checkpoints through whole runs: SIGTERM save, SIGKILL at a random step and exact resume,
+resume onto another mesh and process count, corrupted-latest fallback, NaN stop, a
+checkpoint of another model, an unwritable work directory.
+
+One uninterrupted reference run (subprocess) writes a checkpoint every 2 steps and keeps
+them all; the other tests resume from copies of its work directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO, cpu_env, tiny_train_command
+
+from configs.bert import get_config
+from mlperf.checkpoint import CheckpointMismatchError, committed_steps
+from mlperf.train import run
+from mlperf.validate import ConfigError, check_workdir
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint")]
+
+STEPS = 12
+EVERY = 2
+SETTINGS = {
+    "train.steps": STEPS,
+    "train.log_every_steps": 1,
+    "train.eval_every_samples": 64 * 4,
+    "train.target": 2.0,  # unreachable: every run trains all its steps
+    "train.stop_at_target": False,
+    "model.num_layers": 1,
+    "model.hidden_size": 32,
+    "model.num_heads": 4,
+    "model.mlp_dim": 64,
+    "checkpoint.every_steps": EVERY,
+    "checkpoint.keep": 100,
+}
+OVERRIDES = [f"--config.{k}={v}" for k, v in SETTINGS.items()]
+
+
+def _config(**extra):
+    c = get_config("tiny")
+    for key, value in {**SETTINGS, **extra}.items():
+        node = c
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def _train_losses(workdir) -> dict[int, float]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+
+
+def _start(workdir, *extra):
+    return subprocess.Popen(
+        tiny_train_command(workdir, *OVERRIDES, *extra),
+        cwd=REPO,
+        env=cpu_env(8),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _run_until(workdir, step: int, sig: int) -> tuple[int, str]:
+    """Starts a run, sends `sig` once it has printed step `step`, returns (code, output)."""
+    proc = _start(workdir)
+    output = []
+    for line in proc.stdout:
+        output.append(line)
+        if line.startswith(f"step {step:>6}/"):
+            proc.send_signal(sig)
+            break
+    rest, _ = proc.communicate(timeout=300)
+    return proc.returncode, "".join(output) + rest
+
+
+def _run_to_end(workdir) -> str:
+    proc = _start(workdir)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 1, out[-3000:]  # the unreachable target: status aborted
+    return out
+
+
+def _copy_until(reference, dest, step: int):
+    """A copy of the reference work directory with only its checkpoints up to `step`."""
+    shutil.copytree(reference, dest)
+    for s in committed_steps(str(dest / "checkpoints")):
+        if s > step:
+            shutil.rmtree(dest / "checkpoints" / str(s))
+    return dest
+
+
+def _compliance_failures(mllog) -> list[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlperf_logging.compliance_checker"]
+        + ["--usage", "training", "--ruleset", "0.7.0", str(mllog)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    return [line for line in output.splitlines() if "Failed" in line or "ERROR - " in line]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("reference")
+    _run_to_end(workdir)
+    return workdir
+
+
+def test_reference_keeps_a_checkpoint_every_n_steps(reference):
+    steps = committed_steps(str(reference / "checkpoints"))
+    assert steps == list(range(EVERY, STEPS + 1, EVERY)), steps
+    result = json.loads((reference / "result.json").read_text())
+    assert result["last_checkpoint"].endswith(f"checkpoints/{STEPS}")
+
+
+def test_sigterm_saves_then_sigkill_at_a_random_step_resumes_exactly(reference, tmp_path):
+    workdir = tmp_path / "interrupted"
+    # SIGTERM after step 3 was printed: a checkpoint at the step where it is noticed.
+    code, out = _run_until(workdir, 3, signal.SIGTERM)
+    assert code == 143, out[-3000:]
+    stopped = json.loads((workdir / "result.json").read_text())
+    assert stopped["status"] == "preempted" and stopped["steps"] in (3, 4, 5), stopped
+    saved = workdir / "checkpoints" / str(stopped["steps"])
+    assert f"preemption notice: checkpoint {saved} written" in out
+    assert committed_steps(str(workdir / "checkpoints"))[-1] == stopped["steps"]
+    # Restarted, then SIGKILLed at a random later step (seeded): nothing is flushed.
+    kill_at = int(np.random.default_rng(4).integers(stopped["steps"] + 2, STEPS))
+    code, out = _run_until(workdir, kill_at, signal.SIGKILL)
+    assert code == -signal.SIGKILL and "resuming from" in out, out[-3000:]
+    out = _run_to_end(workdir)
+    assert "resuming from" in out
+    got = json.loads((workdir / "result.json").read_text())
+    want = json.loads((reference / "result.json").read_text())
+    assert got["params_fingerprint"] == want["params_fingerprint"]  # bit-identical params
+    assert got["steps"] == want["steps"] == STEPS
+    assert _train_losses(workdir) == _train_losses(reference)  # every step, exactly
+    # One MLPerf log over the three processes, as valid as the uninterrupted one's.
+    assert _compliance_failures(workdir / "mllog.txt") == _compliance_failures(
+        reference / "mllog.txt"
+    )
+
+
+def test_resume_onto_another_mesh(reference, tmp_path):
+    workdir = _copy_until(reference, tmp_path / "mesh", 6)
+    result = run(_config(**{"mesh.ici_shape": (4, 2)}), str(workdir))
+    assert result["resumed_from_step"] == 6 and result["mesh"] == {"data": 4, "model": 2}
+    got, want = _train_losses(workdir), _train_losses(reference)
+    assert sorted(got) == sorted(want)
+    # Another mesh sums in another order: equal to float32 rounding, not bitwise.
+    np.testing.assert_allclose(
+        [got[s] for s in sorted(got)], [want[s] for s in sorted(want)], rtol=1e-5
+    )
+
+
+def test_resume_onto_two_processes(reference, tmp_path):
+    workdir = _copy_until(reference, tmp_path / "procs", 6)
+    cmd = [sys.executable, "-m", "launch.local", "--processes=2", "--devices_per_process=4"]
+    cmd += ["--", *tiny_train_command(workdir, *OVERRIDES)]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env=cpu_env(4), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["processes"] == 2 and result["resumed_from_step"] == 6
+    got, want = _train_losses(workdir), _train_losses(reference)
+    np.testing.assert_allclose(
+        [got[s] for s in sorted(got)], [want[s] for s in sorted(want)], rtol=1e-5
+    )
+
+
+def test_corrupted_latest_checkpoint_falls_back_to_the_previous(reference, tmp_path, capsys):
+    workdir = _copy_until(reference, tmp_path / "corrupt", STEPS)
+    latest = workdir / "checkpoints" / str(STEPS)
+    biggest = max(
+        (os.path.join(root, f) for root, _, files in os.walk(latest / "state") for f in files),
+        key=os.path.getsize,
+    )
+    os.truncate(biggest, os.path.getsize(biggest) // 2)  # a file cut short
+    os.remove(latest / "data" / "process_0-of-1.json")  # and a missing one
+    result = run(_config(), str(workdir))
+    out = capsys.readouterr().out
+    assert f"checkpoint {latest} is incomplete or corrupted" in out
+    assert result["resumed_from_step"] == STEPS - EVERY
+    want = json.loads((reference / "result.json").read_text())
+    assert result["params_fingerprint"] == want["params_fingerprint"]
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp_path, capsys):
+    workdir = _copy_until(reference, tmp_path / "nan", 4)
+    # A NaN learning rate from step 5 on: the first update makes every parameter NaN.
+    result = run(_config(**{"optimizer.learning_rate": float("nan")}), str(workdir))
+    out = capsys.readouterr().out
+    good = workdir / "checkpoints" / "4"
+    assert result["status"] == "aborted" and result["steps"] == 6
+    assert "at step 6: stopping" in out and f"Last good checkpoint: {good}" in out
+    assert committed_steps(str(workdir / "checkpoints")) == [2, 4]  # nothing NaN saved
+    last = (workdir / "mllog.txt").read_text().strip().splitlines()[-1]
+    assert '"key": "run_stop"' in last and '"status": "aborted"' in last
+
+
+def test_checkpoint_of_another_model_is_a_clear_error(reference, tmp_path):
+    workdir = _copy_until(reference, tmp_path / "other", STEPS)
+    with pytest.raises(CheckpointMismatchError) as e:
+        run(_config(**{"model.mlp_dim": 128}), str(workdir))
+    message = str(e.value)
+    assert "['params']['layers'][0]['mlp']['wi']['kernel']" in message
+    assert "checkpoint [[32, 64], 'float32'] vs this model [[32, 128], 'float32']" in message
+
+
+def test_unwritable_or_full_workdir_fails_before_anything_is_built(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match="is not writable"):
+        run(_config(), str(blocker / "work"))
+    with pytest.raises(ConfigError, match="MiB free"):
+        check_workdir(str(tmp_path / "w"), min_free_mb=1 << 40)
