@@ -63,6 +63,8 @@ def eval_rows(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     0..L-1."""
     out = {}
     for side in ("inputs", "targets"):
+        if side not in batch:  # decoding needs the inputs only
+            continue
         tokens = batch[side]
         out[side] = tokens
         out[f"{side}_segmentation"] = (tokens > 0).astype(jnp.int32)
