@@ -15,13 +15,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from mlperf.task import Task
-from mlperf.train_state import StateLayout
+from mlperf.train_state import StateLayout, model_state_template
 from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
 from parallel.partition import Partitioner, is_logical_leaf
 
 PyTree = Any
+# aux key carrying updated non-trainable model state (batch-norm running statistics)
+# from the loss to the step; never reported as a metric.
+MODEL_STATE_KEY = "__model_state__"
+
+
+def _overwrite(tree: PyTree, updates: PyTree) -> PyTree:
+    """`tree` with the leaves present in the nested dict `updates` replaced."""
+    if not isinstance(updates, dict):
+        return updates
+    return {k: _overwrite(v, updates[k]) if k in updates else v for k, v in tree.items()}
 
 
 def _split_microbatches(batch: PyTree, k: int) -> PyTree:
@@ -47,8 +58,18 @@ def make_train_step(
         jax.tree.map(partitioner.spec, layout.logical, is_leaf=is_logical_leaf)
     )
 
+    has_model_state = model_state_template(layout) is not None
+    # Each replica and microbatch returns its own updated running statistics (an EMA
+    # step from the same old value); their mean is one EMA step with the mean statistics.
+    model_state_scale = 1.0 / (partitioner.data_size * microbatches)
+
     def loss_fn(params, batch, denominators, rng):
-        return task.loss(layout.model(params), batch, denominators, rng)
+        model = layout.model(params)
+        loss, aux = task.loss(model, batch, denominators, rng)
+        if has_model_state:
+            stats = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+            aux = {**aux, MODEL_STATE_KEY: stats}
+        return loss, aux
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -86,6 +107,9 @@ def make_train_step(
         updates, opt_state = tx.update(grads, state["opt_state"], params)
         updates = jax.lax.with_sharding_constraint(updates, update_shardings)
         new_params = optax.apply_updates(params, updates)
+        if has_model_state:
+            stats = jax.tree.map(lambda x: x * model_state_scale, aux.pop(MODEL_STATE_KEY))
+            new_params = _overwrite(new_params, stats)
         new_params = jax.lax.with_sharding_constraint(new_params, param_shardings)
         metrics = {
             "loss": loss,

@@ -49,6 +49,13 @@ def _logical_axes(abstract_state: nnx.State) -> PyTree:
     )
 
 
+def model_state_template(layout: StateLayout) -> PyTree | None:
+    """The params-subtree of non-trainable model state (nnx.BatchStat), or None if the
+    model has none (BERT)."""
+    stats = nnx.to_pure_dict(layout.abstract_state.filter(nnx.BatchStat))
+    return stats if jax.tree.leaves(stats) else None
+
+
 def param_count(layout: StateLayout) -> int:
     shapes = layout.abstract_train_state["params"]
     return int(sum(x.size for x in jax.tree.leaves(shapes)))
@@ -118,7 +125,10 @@ def init_train_state(
 
     def init():
         model = build_model(nnx.Rngs(seed))
-        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        # Non-trainable model state (batch-norm running statistics, nnx.BatchStat) rides
+        # in `params` next to the weights: it gets zero gradients, and the train step
+        # overwrites it with the updated values after the optimizer step (steps.py).
+        params = nnx.to_pure_dict(nnx.state(model, (nnx.Param, nnx.BatchStat)))
         return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
     return partitioner.jit(init, out_shardings=layout.state_shardings)()
