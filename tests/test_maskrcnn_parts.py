@@ -80,15 +80,16 @@ def test_nms_matches_greedy_reference_and_respects_groups():
     scores = rng.uniform(0, 1, 30).astype(np.float32)
     order = np.argsort(-scores)
     b, s = jnp.asarray(boxes[order])[None], jnp.asarray(scores[order])[None]
-    keep = nms_keep(b, s, jnp.zeros((1, 30), jnp.int32), 0.5)[0]
+    nms = jax.jit(nms_keep, static_argnums=3)
+    keep = nms(b, s, jnp.zeros((1, 30), jnp.int32), 0.5)[0]
     kept = sorted(order[np.asarray(keep)].tolist())
     assert kept == _numpy_nms(boxes, scores, 0.5)
     assert 0 < len(kept) < 30
     # Two identical boxes: one survives in one group, both in different groups.
     same = jnp.asarray([[[0.0, 0, 10, 10], [0, 0, 10, 10]]])
     sc = jnp.asarray([[0.9, 0.8]])
-    assert nms_keep(same, sc, jnp.asarray([[0, 0]]), 0.5)[0].tolist() == [True, False]
-    assert nms_keep(same, sc, jnp.asarray([[0, 1]]), 0.5)[0].tolist() == [True, True]
+    assert nms(same, sc, jnp.asarray([[0, 0]]), 0.5)[0].tolist() == [True, False]
+    assert nms(same, sc, jnp.asarray([[0, 1]]), 0.5)[0].tolist() == [True, True]
 
 
 # ---- sampling ----------------------------------------------------------------------------
@@ -112,7 +113,8 @@ def test_sample_rois_keeps_foreground_fraction(num_gt):
     jitter = np.repeat(gt[:, :num_gt], 20, axis=1) + rng.normal(0, 2, (2, 20 * num_gt, 4))
     xy = rng.uniform(0, 100, (2, 200, 2))
     props = np.concatenate([jitter, np.concatenate([xy, xy + 10], -1)], 1).astype(np.float32)
-    out = sampling.sample_rois(
+    sample = jax.jit(sampling.sample_rois, static_argnames=("num", "fg_fraction"))
+    out = sample(
         jax.random.key(1),
         jnp.asarray(props),
         jnp.ones(props.shape[:2], bool),
@@ -140,7 +142,8 @@ def test_sample_rois_keeps_foreground_fraction(num_gt):
 def test_rpn_targets_label_best_anchor_and_sample_size():
     anchors = jnp.asarray(box_lib.all_anchors((64, 64), box_lib.AnchorConfig(anchor_scale=4.0)))
     gt = jnp.asarray([[[10.0, 10.0, 26.0, 26.0], [0, 0, 0, 0]]])
-    t = sampling.rpn_targets(jax.random.key(0), anchors, gt, jnp.asarray([[True, False]]), num=32)
+    targets = jax.jit(sampling.rpn_targets, static_argnames=("num",))
+    t = targets(jax.random.key(0), anchors, gt, jnp.asarray([[True, False]]), num=32)
     assert 1 <= int(t["labels"].sum()) <= 16
     assert int(t["weights"].sum()) == 32
     best = int(jnp.argmax(box_lib.iou(anchors, gt[0, :1])[:, 0]))
