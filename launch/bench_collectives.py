@@ -8,6 +8,11 @@ device, fp32), every algorithm of parallel/collectives.py is timed (median of re
 after a warm-up, all in this one run) next to `lax.psum`, and next to the cost model's
 prediction with alpha and beta fitted on this machine from two single ppermutes. Ratios
 are against psum in the same run, since absolute times on a shared CPU are noisy.
+
+Next to the CPU measurements, every algorithm is also AOT-compiled for TPU slices
+(v3:4x4 = 32 cores, v3:32x32 = 2048 cores; libtpu, no TPU needed) over a 1-D mesh of all
+their cores, and the TPU compiler's estimated time (`optimal_seconds`) is reported with
+the alpha-beta model for that chip's ICI link.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from parallel import collectives, costmodel
 from parallel.mesh import build_mesh
 
 XLA = "xla_psum"
+AOT_TOPOLOGIES = ("v3:4x4", "v3:32x32")
 
 
 def parse_size(text: str) -> int:
@@ -70,8 +76,64 @@ def fit_link(mesh, repeats: int) -> tuple[float, float]:
     return max(t_small - small * beta, 1e-7), beta
 
 
-def bench(sizes: list[int], device_counts: list[int], repeats: int = 3) -> list[dict[str, Any]]:
-    """One row per (P, size, algorithm): measured s, model s, ratio to psum."""
+def _all_reduce_body(algorithm: str, chunks: int | None):
+    if algorithm == XLA:
+        return lambda v: jax.lax.psum(v, "x")
+    return lambda v: collectives.all_reduce(v, "x", algorithm, chunks)
+
+
+def aot_estimates(sizes: list[int], topologies=AOT_TOPOLOGIES) -> list[dict[str, Any]]:
+    """The TPU compiler's estimated seconds for psum and every algorithm, per topology and
+    message size (bytes per device), beside the alpha-beta model for the chip's link."""
+    from parallel.aot import compiled_stats
+    from parallel.topology import get_topology
+
+    rows = []
+    for name in topologies:
+        topo = get_topology(name)
+        P = len(topo.devices)
+        mesh = build_mesh(("x",), (P,), devices=topo.devices)
+        # One link direction per core (a chip's cores share its links); alpha: the
+        # model's default per-message latency.
+        alpha, beta = costmodel.DEFAULT_ALPHA, topo.devices_per_chip / topo.chip.link_bandwidth
+        sharding = NamedSharding(mesh, PartitionSpec("x"))
+        for n_bytes in sizes:
+            spec = jax.ShapeDtypeStruct((P, max(n_bytes // 4, 1)), np.float32, sharding=sharding)
+            for algorithm in [XLA, *collectives.ALGORITHMS]:
+                if algorithm == "bidirectional_exchange" and P & (P - 1):
+                    continue
+                chunks = None
+                if algorithm == "linear_pipeline":
+                    chunks = costmodel.lp_chunks("all_reduce", P, n_bytes, alpha, beta)
+                start = time.perf_counter()
+                row: dict[str, Any] = {"topology": name, "P": P, "bytes": n_bytes}
+                row.update(algorithm=algorithm, measured_s=None, num_chunks=chunks)
+                try:
+                    compiled = _program(mesh, _all_reduce_body(algorithm, chunks)).lower(spec)
+                    stats = compiled_stats(compiled.compile())
+                    row["tpu_estimate_s"] = stats.get("optimal_seconds")
+                except Exception as e:  # one algorithm that does not compile is a row
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                row["compile_s"] = time.perf_counter() - start
+                row["model_s"] = (
+                    None
+                    if algorithm == XLA
+                    else costmodel.collective_time(
+                        "all_reduce", algorithm, P, n_bytes, alpha, beta, num_chunks=chunks
+                    )
+                )
+                rows.append(row)
+    return rows
+
+
+def bench(
+    sizes: list[int],
+    device_counts: list[int],
+    repeats: int = 3,
+    aot_topologies=AOT_TOPOLOGIES,
+) -> list[dict[str, Any]]:
+    """One row per (P, size, algorithm): measured s, model s, ratio to psum; then the
+    TPU compiler's estimates for `aot_topologies` (rows with `topology`)."""
     rows = []
     for P in device_counts:
         mesh = build_mesh(("x",), (P,), devices=jax.devices()[:P])
@@ -117,20 +179,58 @@ def bench(sizes: list[int], device_counts: list[int], repeats: int = 3) -> list[
                         "beta_s_per_byte": beta,
                     }
                 )
-    return rows
+    return rows + aot_estimates(sizes, aot_topologies)
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.3f} ms"
+
+
+def aot_table(rows: list[dict[str, Any]]) -> str:
+    """TPU compiler estimates: one row per (topology, size), one column per algorithm."""
+    algorithms = [XLA, *collectives.ALGORITHMS]
+    lines = [
+        "| topology (cores) | bytes/device | " + " | ".join(algorithms) + " |",
+        "|---|---|" + "---|" * len(algorithms),
+    ]
+    keys = list(dict.fromkeys((r["topology"], r["P"], r["bytes"]) for r in rows))
+    for topology, P, n_bytes in keys:
+        cells = []
+        for algorithm in algorithms:
+            r = next(
+                (
+                    x
+                    for x in rows
+                    if (x["topology"], x["bytes"], x["algorithm"]) == (topology, n_bytes, algorithm)
+                ),
+                None,
+            )
+            if r is None:
+                cells.append("n/a")
+            elif "error" in r:
+                cells.append("failed")
+            else:
+                cells.append(f"{_ms(r['tpu_estimate_s'])} (model {_ms(r['model_s'])})")
+        lines.append(f"| {topology} ({P}) | {n_bytes:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """Measured CPU rows as a markdown table, then the TPU compiler's estimates."""
+    measured = [r for r in rows if "topology" not in r]
+    aot = [r for r in rows if "topology" in r]
     lines = [
         "| P | bytes/device | algorithm | measured | model | time / psum |",
         "|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in measured:
         model = f"{r['model_s'] * 1e3:.2f} ms" if r["model_s"] is not None else "-"
         lines.append(
             f"| {r['P']} | {r['bytes']:,} | {r['algorithm']} | "
             f"{r['measured_s'] * 1e3:.2f} ms | {model} | {r['vs_xla']:.2f}x |"
         )
+    if aot:
+        lines += ["", "TPU compiler estimates (AOT, libtpu), model in brackets:", aot_table(aot)]
     return "\n".join(lines)
 
 
@@ -141,6 +241,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [r for r in rows if r.get("measured_s") is not None]  # CPU measurements only
     counts = sorted({r["P"] for r in rows})
     fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 4), squeeze=False)
     for ax, P in zip(axes[0], counts, strict=True):

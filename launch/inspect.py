@@ -1,13 +1,17 @@
-"""Compile a config's train step for a mesh and report memory, FLOPs and collectives.
+"""Compile a config's train and eval steps for a mesh and report memory, FLOPs, collectives.
 
-    python -m launch.inspect --config configs/bert.py:tiny [--mesh data=8,model=1] [--json]
+    python -m launch.inspect --config configs/bert.py:mlperf_v07 --topology v3:64x64 \\
+        [--mesh data=2048,model=4] [--json]
 
-Nothing is trained and no data is read: the step is lowered from abstract shapes.
+Without --topology the step is compiled for this machine's (fake CPU) devices; with it,
+for a TPU slice through libtpu's compiler (no TPU needed). Nothing is trained, no data
+is read and nothing is allocated: the steps are lowered from abstract shapes.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -18,46 +22,66 @@ from launch.cli import apply_mesh_override, relax_cpu_collective_timeouts
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=False
-)
-_MESH = flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1 (axis=size,...).")
-_JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
+# The TPU compiler's out-of-memory messages, in the two forms libtpu prints:
+# "Used 20.53G of 15.48G hbm. Exceeded hbm capacity by 5.05G." and "the total memory
+# required for HLO temporaries (32.71G) exceeds available HBM (15.48G)."
+_OOM_USED = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
+_OOM_TEMP = re.compile(r"temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM")
+_TOP_LEVEL = ("collectives", "collective_bytes", "gather_scatter")
+_UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def inspect_config(config, devices=None) -> dict[str, Any]:
-    """Compiles the first phase's train step and returns the report as a dict."""
-    from mlperf.train import build_trainer
-    from mlperf.train_state import param_count
-    from parallel.aot import bytes_per_device, compiled_stats, total_bytes
-    from parallel.mesh import mesh_shape
+def _oom(message: str) -> dict[str, int] | None:
+    """What an XLA:TPU out-of-memory error says: total used bytes or temporaries."""
+    if "RESOURCE_EXHAUSTED" not in message and "Ran out of memory" not in message:
+        return None
+    m = _OOM_USED.search(message)
+    if m:
+        return {"oom_used_bytes": int(float(m.group(1)) * _UNIT[m.group(2)])}
+    m = _OOM_TEMP.search(message)
+    if m:
+        return {"oom_temp_bytes": int(float(m.group(1)) * _UNIT[m.group(2)])}
+    return {}
 
-    trainer = build_trainer(config, devices=devices, prepare_data=False)
-    phase = trainer.phases[0]
+
+def _eval_spec(task, phase) -> dict:
+    """Per-example spec of an eval batch: the task's own, or the train spec plus `mask`."""
+    custom = getattr(task, "eval_example_spec", None)
+    if custom is not None:
+        return custom()
+    return {**task.example_spec(phase), "mask": ((), "float32")}
+
+
+def _compile(lowered_fn) -> tuple[Any, float, str | None]:
+    """(compiled or None, seconds, error message or None)."""
     start = time.perf_counter()
-    compiled = trainer.lower_train_step(phase).compile()
-    compile_s = time.perf_counter() - start
+    try:
+        compiled = lowered_fn().compile()
+    except Exception as e:  # a candidate that does not compile is reported, not fatal
+        return None, time.perf_counter() - start, f"{type(e).__name__}: {e}"
+    return compiled, time.perf_counter() - start, None
+
+
+def _step_report(compiled, compile_s: float, error: str | None) -> dict[str, Any]:
+    from parallel.aot import compiled_stats
+
+    if compiled is None:
+        report: dict[str, Any] = {"error": error.splitlines()[0][:500], "compile_time_s": compile_s}
+        oom = _oom(error)
+        if oom is not None:
+            report.update(oom, out_of_memory=True)
+        return report
     stats = compiled_stats(compiled)
-    state = trainer.layout.abstract_train_state
     report = {
-        "config": f"{config.benchmark}:{config.variant}",
-        "params": param_count(trainer.layout),
-        "bytes_per_device": {
-            "params": bytes_per_device(state["params"]),
-            "opt_state": bytes_per_device(state["opt_state"]),
-            "temp": stats.get("memory", {}).get("temp", 0),
-        },
-        "bytes_total": {
-            "params": total_bytes(state["params"]),
-            "opt_state": total_bytes(state["opt_state"]),
-        },
-        "flops_per_step": stats["flops"],
+        "flops_per_device": stats["flops"],
+        "matmul_flops_per_device": stats["matmul_flops"],
+        "flops_cost_analysis": stats["flops_cost_analysis"],
+        "bytes_accessed_per_device": stats["bytes_accessed"],
         "collectives": stats["collectives"],
         "collective_bytes": stats["collective_bytes"],
+        "collective_wire_bytes": stats["collective_wire_bytes"],
         "gather_scatter": stats["gather_scatter"],
-        "mesh": mesh_shape(trainer.partitioner.mesh),
-        "global_batch_size": phase.global_batch_size,
-        "microbatches": config.train.microbatches,
+        "memory": stats.get("memory", {}),
         "compile_time_s": compile_s,
     }
     if "optimal_seconds" in stats:
@@ -65,41 +89,175 @@ def inspect_config(config, devices=None) -> dict[str, Any]:
     return report
 
 
-def _table(report: dict[str, Any]) -> str:
-    mib = 1024 * 1024
+def inspect_config(config, devices=None, topology: str = "", eval_step: bool = False) -> dict:
+    """Compiles the first phase's train step (and the eval step) and returns the report.
+
+    `topology` names a TPU slice (e.g. "v3:64x64") compiled through libtpu; otherwise
+    `devices` (default: this process's devices) are used.
+    """
+    import jax
+
+    from mlperf.steps import batch_abstract, make_eval_step
+    from mlperf.train import build_trainer
+    from mlperf.train_state import param_count
+    from mlperf.validate import ConfigError, mesh_sizes
+    from parallel.aot import bytes_per_device, total_bytes
+    from parallel.mesh import mesh_shape
+    from parallel.topology import TopologyError, check_mesh_fits, get_topology
+
+    topo = get_topology(topology) if topology else None
+    if topo is not None:
+        devices = topo.devices
+        try:
+            check_mesh_fits(topo, mesh_sizes(config, len(devices)))
+        except ConfigError as e:
+            raise TopologyError(
+                f"{e} (topology {topo.name}: {len(devices)} devices = {topo.chips} chips x "
+                f"{topo.devices_per_chip} cores)"
+            ) from None
+    devices = list(jax.devices() if devices is None else devices)
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    phase = trainer.phases[0]
+    state = trainer.layout.abstract_train_state
+    train = _step_report(*_compile(lambda: trainer.lower_train_step(phase)))
+    params_b, opt_b = bytes_per_device(state["params"]), bytes_per_device(state["opt_state"])
+    mem = train.get("memory", {})
+    device = devices[0]
+    hbm = topo.hbm_per_device if topo is not None else None
+    if topo is None and device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        hbm = stats.get("bytes_limit")
+    total = mem.get("total")
+    if train.get("out_of_memory"):
+        # The compiler stopped at HBM: its figure, or state plus the temporaries it needed
+        # (at least the state, when the message names neither).
+        total = train.get("oom_used_bytes") or params_b + opt_b + train.get("oom_temp_bytes", 0)
+    report: dict[str, Any] = {
+        "config": f"{config.benchmark}:{config.variant}",
+        "topology": topo.name if topo else "",
+        "device_kind": device.device_kind,
+        "devices": len(devices),
+        "chips": topo.chips if topo else len(devices),
+        "mesh": mesh_shape(trainer.partitioner.mesh),
+        "params": param_count(trainer.layout),
+        "global_batch_size": phase.global_batch_size,
+        "microbatches": config.train.microbatches,
+        "weight_update_sharding": bool(config.parallel.weight_update_sharding),
+        "fsdp": bool(config.parallel.fsdp),
+        "bytes_per_device": {
+            "params": params_b,
+            "opt_state": opt_b,
+            "temp": mem.get("temp", train.get("oom_temp_bytes")),
+            "total": total,
+        },
+        "bytes_total": {
+            "params": total_bytes(state["params"]),
+            "opt_state": total_bytes(state["opt_state"]),
+        },
+        "hbm_per_device": hbm,
+        "fits": None if hbm is None or total is None else bool(total <= hbm),
+        "out_of_memory": bool(train.get("out_of_memory")),
+        "train": train,
+        # The train step's op statistics also at the top level (older callers read them).
+        **{k: train[k] for k in _TOP_LEVEL if k in train},
+    }
+    if report["fits"] is not None:
+        report["hbm_headroom_bytes"] = int(hbm - total)
+    if train.get("flops_per_device") is not None:
+        report["flops_per_step"] = train["flops_per_device"] * len(devices)
+    if eval_step:
+        spec = _eval_spec(trainer.task, trainer.phases[-1])
+        batch = config.train.eval_batch_size
+        fn = trainer.partitioner.jit(
+            make_eval_step(trainer.task, trainer.layout),
+            in_shardings=(trainer.layout.state_shardings["params"], None),
+            out_shardings=trainer.partitioner.replicated(),
+        )
+        abstract = batch_abstract(trainer.partitioner, spec, batch)
+        report["eval"] = _step_report(*_compile(lambda: fn.lower(state["params"], abstract)))
+    return report
+
+
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / (1 << 30):.3f} GiB"
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as aligned `name  value` lines."""
+    b, totals = report["bytes_per_device"], report["bytes_total"]
+    fits = report["fits"]
+    verdict = "unknown (no HBM size for this device)"
+    if fits is not None:
+        head = report["hbm_headroom_bytes"]
+        verdict = f"fits, {_gib(head)} spare" if fits else f"DOES NOT FIT, {_gib(-head)} over"
     rows = [
         ("config", report["config"]),
+        ("devices", f"{report['devices']} x {report['device_kind']} ({report['chips']} chips)"),
+        ("topology", report["topology"] or "this machine"),
         ("mesh", " x ".join(f"{k}={v}" for k, v in report["mesh"].items())),
         ("parameters", f"{report['params']:,}"),
-        (
-            "params / device",
-            f"{report['bytes_per_device']['params'] / mib:.2f} MiB "
-            f"(of {report['bytes_total']['params'] / mib:.2f} MiB)",
-        ),
-        (
-            "opt state / device",
-            f"{report['bytes_per_device']['opt_state'] / mib:.2f} MiB "
-            f"(of {report['bytes_total']['opt_state'] / mib:.2f} MiB)",
-        ),
-        ("temporaries / device", f"{report['bytes_per_device']['temp'] / mib:.2f} MiB"),
-        ("FLOPs / step", f"{report['flops_per_step']:.3e} (scan bodies counted once)"),
-        ("gather + scatter ops", str(report["gather_scatter"])),
-        ("compile time", f"{report['compile_time_s']:.1f} s"),
+        ("params / device", f"{_gib(b['params'])} (of {_gib(totals['params'])})"),
+        ("opt state / device", f"{_gib(b['opt_state'])} (of {_gib(totals['opt_state'])})"),
+        ("temporaries / device", _gib(b["temp"])),
+        ("total / device", f"{_gib(b['total'])} of {_gib(report['hbm_per_device'])}: {verdict}"),
     ]
-    for op, count in report["collectives"].items():
-        rows.append((op, f"{count} ops, {report['collective_bytes'][op] / mib:.3f} MiB"))
+    for name in ("train", "eval"):
+        step = report.get(name)
+        if step is None:
+            continue
+        if "error" in step:
+            rows.append((f"{name} step", f"did not compile: {step['error']}"))
+            continue
+        est = step.get("estimated_step_s")
+        rows += [
+            (f"{name} FLOPs / device", f"{step['flops_per_device']:.4e} (loops x trip count)"),
+            (f"{name} gather+scatter", str(step["gather_scatter"])),
+            (f"{name} est. step time", "-" if est is None else f"{est * 1e3:.2f} ms (compiler)"),
+            (f"{name} compile time", f"{step['compile_time_s']:.1f} s"),
+        ]
+        for op, count in step["collectives"].items():
+            if count:
+                rows.append((f"  {op}", f"{count} ops, {_gib(step['collective_bytes'][op])}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _define_flags() -> dict[str, Any]:
+    """The CLI's flags; defined only when run as a program, so that other entry points
+    (launch.plan, tests) can import this module without a duplicate --config."""
+    return {
+        "config": config_flags.DEFINE_config_file(
+            "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=False
+        ),
+        "mesh": flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1."),
+        "topology": flags.DEFINE_string("topology", "", "TPU topology, e.g. v3:64x64."),
+        "eval": flags.DEFINE_bool("eval", True, "Also compile the eval step."),
+        "json": flags.DEFINE_bool("json", False, "Print one JSON object instead of a table."),
+    }
+
+
+_FLAGS: dict[str, Any] = {}
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
-    apply_mesh_override(config, _MESH.value)
-    report = inspect_config(config)
-    print(json.dumps(report, indent=2) if _JSON.value else _table(report))
+    config = _FLAGS["config"].value
+    if config is None:
+        raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07.")
+    apply_mesh_override(config, _FLAGS["mesh"].value)
+    from mlperf.validate import ConfigError
+    from parallel.topology import TopologyError
+
+    try:
+        report = inspect_config(
+            config, topology=_FLAGS["topology"].value, eval_step=_FLAGS["eval"].value
+        )
+    except (TopologyError, ConfigError) as e:
+        raise app.UsageError(str(e)) from None
+    print(json.dumps(report, indent=2) if _FLAGS["json"].value else table(report))
 
 
 if __name__ == "__main__":
+    _FLAGS.update(_define_flags())
     app.run(main)

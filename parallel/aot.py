@@ -45,13 +45,49 @@ def _shape_bytes(type_text: str) -> int:
     return total
 
 
-def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
-    """Counts collective ops (with result bytes) and gather/scatter ops in HLO text.
+def replica_group_size(instr_text: str) -> int:
+    """Devices in each replica group of a collective (1 when the text names none).
 
-    Async pairs count once (the `-start` op); `-done` ops are skipped.
+    Reads the three forms XLA prints: explicit `{{0,4},{1,5}}`, iota `[G,S]<=[N]` and
+    mesh `mesh['axis_0'=8,'axis_1'=4] {'axis_0'}` (the product of the named axes).
+    """
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", instr_text)
+    if m:
+        return len([d for d in m.group(1).split(",") if d])
+    m = re.search(r"replica_groups=\[\d+,(\d+)\]", instr_text)
+    if m:
+        return int(m.group(1))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", instr_text)
+    if m:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        return int(np.prod([int(sizes.get(a, 1)) for a in re.findall(r"'([^']+)'", m.group(2))]))
+    return 1
+
+
+def wire_bytes(op: str, result_bytes: int, group: int) -> float:
+    """Bytes one device sends for a collective with a ring algorithm over `group` devices.
+
+    all-reduce 2(g-1)/g x size; all-gather (g-1)/g x result; reduce-scatter (g-1) x
+    result (the result is one shard); all-to-all (g-1)/g x size; permute: its size.
+    """
+    g = max(group, 1)
+    if op == "all-reduce":
+        return 2.0 * (g - 1) / g * result_bytes
+    if op in ("all-gather", "all-to-all"):
+        return (g - 1) / g * result_bytes
+    if op == "reduce-scatter":
+        return float((g - 1) * result_bytes)
+    return float(result_bytes)
+
+
+def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
+    """Counts collective ops (with result bytes and ring wire bytes per device) and
+    gather/scatter ops in HLO text. Async pairs count once (the `-start` op); `-done`
+    ops are skipped.
     """
     counts: Counter[str] = Counter()
     nbytes: Counter[str] = Counter()
+    wire: Counter[str] = Counter()
     gather_scatter = 0
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
@@ -68,12 +104,15 @@ def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
                 # Async start results are (operand, result[, context]) tuples: count the result.
                 shapes = _SHAPE.findall(type_text)
                 type_text = "{}[{}]".format(*shapes[1]) if len(shapes) > 1 else type_text
-            nbytes[base] += _shape_bytes(type_text)
+            result = _shape_bytes(type_text)
+            nbytes[base] += result
+            wire[base] += wire_bytes(base, result, replica_group_size(line))
         elif base in ("gather", "scatter"):
             gather_scatter += 1
     return {
         "collectives": {name: int(counts[name]) for name in COLLECTIVES},
         "collective_bytes": {name: int(nbytes[name]) for name in COLLECTIVES},
+        "collective_wire_bytes": {name: float(wire[name]) for name in COLLECTIVES},
         "gather_scatter": gather_scatter,
     }
 
@@ -93,8 +132,14 @@ def total_bytes(tree: Any) -> int:
 
 
 def compiled_stats(compiled: Any) -> dict[str, Any]:
-    """Memory analysis, cost analysis and HLO op statistics of a compiled executable."""
-    stats: dict[str, Any] = hlo_op_stats(compiled.as_text())
+    """Memory analysis, cost analysis and HLO op statistics of a compiled executable.
+
+    FLOPs and bytes are per device (the HLO is the SPMD-partitioned program of one
+    device). `flops` counts each while body times its trip count (`hlo_flops`);
+    `flops_cost_analysis` is XLA's own count, which sees a loop body once.
+    """
+    text = compiled.as_text()
+    stats: dict[str, Any] = hlo_op_stats(text)
     mem = compiled.memory_analysis()
     if mem is not None:
         stats["memory"] = {
@@ -104,13 +149,173 @@ def compiled_stats(compiled: Any) -> dict[str, Any]:
             "generated_code": int(mem.generated_code_size_in_bytes),
             "alias": int(mem.alias_size_in_bytes),
         }
+        m = stats["memory"]
+        # Donated outputs reuse their argument buffers (alias): count them once.
+        m["total"] = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["generated_code"]
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else {}
     cost = cost or {}
-    # cost_analysis counts a scan/while body once (not times its trip count).
-    stats["flops"] = float(cost.get("flops", 0.0))
+    stats["flops"] = hlo_flops(text)
+    stats["matmul_flops"] = hlo_flops(text, matmul_only=True)
+    stats["flops_cost_analysis"] = float(cost.get("flops", 0.0))
     stats["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
     if "optimal_seconds" in cost:
         stats["optimal_seconds"] = float(cost["optimal_seconds"])
     return stats
+
+
+# ---- FLOPs with loops ----------------------------------------------------------------
+# `cost_analysis()` counts a while body once. Counting FLOPs from the HLO text instead,
+# with each while body multiplied by its trip count, gives the per-step figure for
+# scans (gradient accumulation, layer scans). Dots and convolutions (TPU rewrites dots
+# as convolutions) are counted exactly; elementwise arithmetic as one FLOP per output
+# element and reductions as one per input element, which is close to XLA's own count.
+_COMP_HEADER = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s*\(.*\{\s*$")
+_ELEMENTWISE = frozenset(
+    "add subtract multiply divide maximum minimum negate abs exponential exponential-minus-one "
+    "log log-plus-one tanh logistic rsqrt sqrt cbrt power remainder atan2 sine cosine tan "
+    "compare select clamp and or xor not floor ceil round-nearest-afz round-nearest-even "
+    "sign erf".split()
+)
+
+
+def _dims(type_text: str) -> list[int]:
+    """Dimensions of the first array shape in a type (a tuple's first element)."""
+    m = _SHAPE.search(type_text)
+    if not m or not m.group(2):
+        return []
+    return [int(d) for d in m.group(2).split(",") if d]
+
+
+def _operands(rest: str) -> list[str]:
+    """Operand names of `opcode(%a, %b), attrs`, from the text after the opcode's '('."""
+    depth = 1
+    for pos, ch in enumerate(rest):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return re.findall(r"%([\w.\-]+)", rest[:pos])
+    return re.findall(r"%([\w.\-]+)", rest)
+
+
+def _attr(text: str, key: str) -> str | None:
+    m = re.search(rf"\b{key}=(%?[\w.\-]+|\{{[^}}]*\}})", text)
+    return m.group(1).lstrip("%") if m else None
+
+
+def _parse_computations(hlo_text: str) -> tuple[dict[str, list[dict]], str | None]:
+    """name -> instructions (name, op, dims, operands, text), and the entry's name."""
+    comps: dict[str, list[dict]] = {}
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        header = _COMP_HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header.group("name")
+            comps[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        m = _INSTR.match(line)
+        if current is None or not m:
+            continue
+        name = line.split("=", 1)[0].strip().removeprefix("ROOT").strip().lstrip("%")
+        comps[current].append(
+            {
+                "name": name,
+                "op": m.group("op"),
+                "type": m.group("type"),
+                "operands": _operands(line[m.end() :]),
+                "text": line,
+                "root": line.lstrip().startswith("ROOT"),
+            }
+        )
+    return comps, entry
+
+
+def _trip_count(instr: dict, comps: dict[str, list[dict]], defs: dict[str, dict]) -> int:
+    """Iterations of a while loop: XLA's known_trip_count, else `i < N` in the condition
+    with i's initial value from the loop's init tuple (0 when it cannot be read)."""
+    known = re.search(r'"known_trip_count":\{"n":"(\d+)"', instr["text"])
+    if known:
+        return int(known.group(1))
+    cond = comps.get(_attr(instr["text"], "condition") or "", [])
+    cdefs = {i["name"]: i for i in cond}
+    root = next((i for i in cond if i["root"]), None)
+    if root is None or root["op"] != "compare" or len(root["operands"]) != 2:
+        return 1
+    lhs, rhs = (cdefs.get(n) for n in root["operands"])
+    if lhs is None or rhs is None or rhs["op"] != "constant":
+        return 1
+    limit = int(re.search(r"constant\((-?\d+)\)", rhs["text"]).group(1))
+    index = re.search(r"index=(\d+)", lhs["text"]) if lhs["op"] == "get-tuple-element" else None
+    start = 0
+    init = defs.get(instr["operands"][0]) if instr["operands"] else None
+    if index and init is not None and init["op"] == "tuple":
+        first = defs.get(init["operands"][int(index.group(1))])
+        if first is not None and first["op"] == "constant":
+            start = int(re.search(r"constant\((-?\d+)\)", first["text"]).group(1))
+    direction = _attr(root["text"], "direction")
+    trips = {"LT": limit - start, "LE": limit - start + 1, "NE": limit - start}.get(direction, 1)
+    return max(trips, 0)
+
+
+def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float:
+    op, out = instr["op"], _dims(instr["type"])
+    out_elems = float(np.prod(out)) if out else 1.0
+    if op == "dot":
+        lhs = _dims(defs[instr["operands"][0]]["type"]) if instr["operands"][0] in defs else []
+        contracting = _attr(instr["text"], "lhs_contracting_dims") or "{}"
+        k = np.prod([lhs[int(d)] for d in re.findall(r"\d+", contracting)] or [1])
+        return 2.0 * out_elems * float(k)
+    if op == "convolution":
+        rhs_def = defs.get(instr["operands"][1]) if len(instr["operands"]) > 1 else None
+        rhs = _dims(rhs_def["type"]) if rhs_def else []
+        labels = _attr(instr["text"], "dim_labels") or ""
+        kernel = labels.split("_")[1].split("->")[0] if "_" in labels else ""
+        if not rhs or "o" not in kernel:
+            return 2.0 * out_elems
+        # Each output element sums over the kernel's input features x window.
+        return 2.0 * out_elems * float(np.prod(rhs)) / rhs[kernel.index("o")]
+    if matmul_only:
+        return 0.0
+    if op in _ELEMENTWISE:
+        return out_elems
+    if op in ("reduce", "reduce-window"):
+        src = defs.get(instr["operands"][0]) if instr["operands"] else None
+        return float(np.prod(_dims(src["type"]) or [1])) if src else out_elems
+    return 0.0
+
+
+def hlo_flops(hlo_text: str, matmul_only: bool = False) -> float:
+    """FLOPs of one execution of the HLO module, each while body times its trip count
+    (only dots and convolutions with `matmul_only`)."""
+    comps, entry = _parse_computations(hlo_text)
+    if entry is None:
+        return 0.0
+    memo: dict[str, float] = {}
+
+    def flops(name: str) -> float:
+        if name in memo:
+            return memo[name]
+        memo[name] = 0.0  # guards against (impossible) recursion
+        instrs = comps.get(name, [])
+        defs = {i["name"]: i for i in instrs}
+        total = 0.0
+        for instr in instrs:
+            op = instr["op"]
+            if op == "while":
+                body = _attr(instr["text"], "body")
+                total += _trip_count(instr, comps, defs) * flops(body or "")
+            elif op in ("fusion", "call") or op.endswith("-start") and "calls=" in instr["text"]:
+                called = _attr(instr["text"], "calls") or _attr(instr["text"], "to_apply")
+                total += flops(called or "")
+            elif op == "conditional":
+                branch_text = _attr(instr["text"], "branch_computations") or ""
+                branches = re.findall(r"%([\w.\-]+)", branch_text)
+                total += max((flops(b) for b in branches), default=0.0)
+            else:
+                total += _instr_flops(instr, defs, matmul_only)
+        memo[name] = total
+        return total
+
+    return flops(entry)

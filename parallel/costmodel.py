@@ -154,3 +154,88 @@ def best_algorithm(
             best = Choice(algorithm, t, k)
     assert best is not None
     return best
+
+
+# ---- Step-time model for the planner (COMET-style) -------------------------------------
+# A step is compute, HBM traffic and communication. On a TPU slice the compiler's own
+# estimate (`optimal_seconds`) covers what it sees; the analytic terms below split it and
+# add what it cannot see (DCN between slices). For clusters without a compiler here
+# (GPUs) the same terms come from the FLOPs and bytes of a CPU or TPU compile. Peaks are
+# used as published: nothing is fitted to a measured run.
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per training step, split by resource; `total_s` is the prediction."""
+
+    compute_s: float  # FLOPs at peak
+    memory_s: float  # HBM bytes at peak bandwidth
+    ici_s: float  # in-slice / in-node collectives
+    dcn_s: float  # between slices / nodes
+    compiler_s: float | None  # the TPU compiler's estimate, where there is one
+    total_s: float
+
+    @property
+    def comm_s(self) -> float:
+        return self.ici_s + self.dcn_s
+
+
+def ring_allreduce_s(n_bytes: float, P: int, bandwidth: float) -> float:
+    """Bandwidth term of a ring all-reduce of n bytes on P devices: 2(P-1)/P n / bw."""
+    return 0.0 if P <= 1 or n_bytes <= 0 else 2.0 * (P - 1) / P * n_bytes / bandwidth
+
+
+def tpu_step_time(
+    flops: float,
+    bytes_accessed: float,
+    wire_bytes: float,
+    compiler_s: float | None,
+    peak_flops: float,
+    hbm_bandwidth: float,
+    ici_bandwidth: float,
+    slices: int = 1,
+    dcn_bytes: float = 0.0,
+    dcn_bandwidth: float = 1.0,
+    ici_scale: float = 1.0,
+) -> StepTime:
+    """One device's step on a TPU slice from its compiled program (per-device numbers).
+
+    `ici_bandwidth` is what one device can drive: a ring along one torus dimension uses
+    both directions of its link. The total is the compiler's estimate when there is one
+    (else max(compute, memory) + ICI, no overlap), plus DCN for `slices` > 1: an
+    all-reduce of `dcn_bytes` (the device's gradient shard) over the slices. `ici_scale`
+    (a what-if on ICI bandwidth) changes the ICI term inside the compiler's estimate too.
+    """
+    compute = flops / peak_flops
+    memory = bytes_accessed / hbm_bandwidth
+    ici = wire_bytes / (ici_bandwidth * ici_scale)
+    dcn = ring_allreduce_s(dcn_bytes, slices, dcn_bandwidth)
+    if compiler_s is not None:
+        base = compiler_s + ici - wire_bytes / ici_bandwidth
+    else:
+        base = max(compute, memory) + ici
+    return StepTime(compute, memory, ici, dcn, compiler_s, base + dcn)
+
+
+def cluster_step_time(
+    flops_per_example: float,
+    bytes_per_example: float,
+    grad_bytes: float,
+    batch_per_device: int,
+    devices_per_node: int,
+    nodes: int,
+    peak_flops: float,
+    hbm_bandwidth: float,
+    intra_node_bandwidth: float,
+    inter_node_bandwidth: float,
+) -> StepTime:
+    """A data-parallel step (any gradient accumulation included in `batch_per_device`)
+    on a GPU cluster: compute and HBM traffic for the device's examples, then one
+    hierarchical all-reduce of the gradients: a ring inside each node, then a ring over
+    the nodes' NICs (each node's NIC carries the whole gradient once per ring step).
+    """
+    compute = flops_per_example * batch_per_device / peak_flops
+    memory = bytes_per_example * batch_per_device / hbm_bandwidth
+    intra = ring_allreduce_s(grad_bytes, devices_per_node, intra_node_bandwidth)
+    inter = ring_allreduce_s(grad_bytes, nodes, inter_node_bandwidth)
+    return StepTime(compute, memory, intra, inter, None, max(compute, memory) + intra + inter)

@@ -16,7 +16,7 @@ def test_parse_size():
 
 
 def test_bench_rows_cover_every_algorithm_with_psum_as_baseline(devices, tmp_path):
-    rows = bench_collectives.bench([4096], [2, 4], repeats=1)
+    rows = bench_collectives.bench([4096], [2, 4], repeats=1, aot_topologies=())
     for P in (2, 4):
         algorithms = {r["algorithm"] for r in rows if r["P"] == P}
         assert algorithms == {
@@ -40,3 +40,25 @@ def test_bench_rows_cover_every_algorithm_with_psum_as_baseline(devices, tmp_pat
                 )
             )
     assert "| 4 | 4,096 | ring |" in bench_collectives.table(rows)
+
+
+def test_tpu_compiler_estimates_every_algorithm_on_a_v3_slice():
+    """AOT through libtpu: v3:4x4 is 32 cores; every algorithm and psum compile and get
+    an estimated time; the alpha-beta model is there for all but psum."""
+    rows = bench_collectives.aot_estimates([1 << 20], ["v3:4x4"])
+    assert {r["algorithm"] for r in rows} == {
+        bench_collectives.XLA,
+        "linear_pipeline",
+        "ring",
+        "tree",
+        "bidirectional_exchange",
+    }
+    for r in rows:
+        assert r["P"] == 32 and "error" not in r
+        assert r["tpu_estimate_s"] > 0
+        assert (r["model_s"] is None) == (r["algorithm"] == bench_collectives.XLA)
+    by = {r["algorithm"]: r["tpu_estimate_s"] for r in rows}
+    # A binomial tree sends the whole message log2(32) = 5 times each way: the slowest.
+    assert by["tree"] > by["ring"]
+    text = bench_collectives.table(rows)
+    assert "| v3:4x4 (32) | 1,048,576 |" in text

@@ -25,3 +25,92 @@ def test_counts_collectives_once_per_async_pair_with_result_bytes():
     assert stats["collective_bytes"]["reduce-scatter"] == 8 * 32 * 2
     assert stats["collective_bytes"]["all-gather"] == 16 * 32 * 4
     assert stats["gather_scatter"] == 2
+
+
+def test_replica_group_sizes_in_every_printed_form():
+    from parallel.aot import replica_group_size
+
+    assert replica_group_size("all-reduce(%x), replica_groups={{0,4,8},{1,5,9}}, to") == 3
+    assert replica_group_size("all-gather(%x), replica_groups=[8,4]<=[32], dim") == 4
+    text = (
+        "all-reduce(%x), replica_groups=mesh['axis_0'=8,'axis_1'=4,'axis_2'=2] {'axis_0','axis_2'}"  # noqa: E501
+    )
+    assert replica_group_size(text) == 16
+    assert replica_group_size("collective-permute(%x), source_target_pairs={{0,1}}") == 1
+
+
+def test_wire_bytes_follow_the_ring_algorithm():
+    from parallel.aot import wire_bytes
+
+    assert wire_bytes("all-reduce", 1000, 4) == 1500  # 2 (g-1)/g n
+    assert wire_bytes("all-gather", 1000, 4) == 750  # (g-1)/g of the gathered result
+    assert wire_bytes("reduce-scatter", 250, 4) == 750  # (g-1) shards of 250
+    assert wire_bytes("collective-permute", 64, 1) == 64
+    stats = hlo_op_stats(HLO)
+    assert stats["collective_wire_bytes"]["all-reduce"] == 16 * 32 * 4  # 2 x 1/2 x n
+
+
+# A TPU-style loop (no known_trip_count): `i < 5` with i starting at 1 runs 4 times.
+LOOP_HLO = """
+%body (p: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %p = (s32[], f32[8,16]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %w = f32[16,16]{1,0} constant({...})
+  %d = f32[8,16]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %one = s32[] constant(1)
+  %n = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[8,16]) tuple(%n, %d)
+}
+
+%cond (q: (s32[], f32[8,16])) -> pred[] {
+  %q = (s32[], f32[8,16]) parameter(0)
+  %j = s32[] get-tuple-element(%q), index=0
+  %five = s32[] constant(5)
+  ROOT %lt = pred[] compare(%j, %five), direction=LT
+}
+
+ENTRY %main (a: f32[8,16]) -> f32[8,16] {
+  %a = f32[8,16]{1,0} parameter(0)
+  %start = s32[] constant(1)
+  %init = (s32[], f32[8,16]) tuple(%start, %a)
+  %loop = (s32[], f32[8,16]) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[8,16]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_loop_flops_multiply_the_body_by_the_induction_variable_trip_count():
+    from parallel.aot import hlo_flops
+
+    dot = 2 * 8 * 16 * 16
+    assert hlo_flops(LOOP_HLO, matmul_only=True) == 4 * dot
+    assert hlo_flops(LOOP_HLO) == 4 * (dot + 1)  # + the counter's add
+
+
+def test_scan_flops_equal_the_unrolled_count():
+    import jax
+    import jax.numpy as jnp
+
+    from parallel.aot import compiled_stats
+
+    def scanned(w, x):
+        return jax.lax.scan(lambda c, wi: (jnp.tanh(c @ wi), None), x, w)[0].sum()
+
+    def unrolled(w, x):
+        for i in range(w.shape[0]):
+            x = jnp.tanh(x @ w[i])
+        return x.sum()
+
+    w, x = jnp.ones((6, 64, 64)), jnp.ones((32, 64))
+    stats = {}
+    for fn in (scanned, unrolled):
+        # Gradients for w and x: the unrolled program then needs every layer's dx too.
+        compiled = jax.jit(jax.grad(fn, argnums=(0, 1))).lower(w, x).compile()
+        assert "while" in compiled.as_text() or fn is unrolled
+        stats[fn.__name__] = compiled_stats(compiled)
+    s, u = stats["scanned"], stats["unrolled"]
+    assert s["matmul_flops"] == u["matmul_flops"] == 3 * 6 * 2 * 32 * 64 * 64
+    assert abs(s["flops"] / u["flops"] - 1) < 0.05  # elementwise glue differs slightly
+    assert abs(u["flops"] / u["flops_cost_analysis"] - 1) < 0.05  # agrees with XLA's count
+    assert s["flops_cost_analysis"] < s["flops"] / 3  # XLA sees the scan body once
