@@ -228,7 +228,7 @@ def plan(config, topologies: list[str], what_if: dict[str, float], full: bool, b
         devices = len(get_topology(name).devices)
         for cand in candidates(config, name, devices, full, int(what_if.get("slices", 1))):
             if time.perf_counter() - start > budget_s:
-                rows.append({"candidate": cand.label, "error": "skipped: compile budget spent"})
+                rows.append({"candidate": cand.label, "skipped": "compile budget spent"})
                 continue
             rows.append(evaluate(config, cand, what_if))
     return rank(rows)
@@ -251,8 +251,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [head, "|" + "---|" * 13]
     for i, r in enumerate(rows, 1):
-        if "error" in r:
-            lines.append(f"| {i} | {r['candidate']} | failed: {r['error']} |" + " |" * 10)
+        if "error" in r or "skipped" in r:
+            why = f"failed: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
+            lines.append(f"| {i} | {r['candidate']} | {why} |" + " |" * 10)
             continue
         mem = r.get("memory_per_device")
         mem_txt = "-" if mem is None else f"{mem / (1 << 30):.2f} GiB"
@@ -297,66 +298,72 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def _define_flags() -> None:
+def _define_flags() -> dict[str, Any]:
     """The CLI's flags, defined only when run as a program (tests import this module)."""
-    global _CONFIG, _TOPOLOGY, _CHIPS, _FULL, _BUDGET, _HBM, _ICI, _DCN, _SLICES, _PRICE
-    global _CLUSTER, _BPD, _MICRO, _HONESTY, _JSON, _PLOT
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "e.g. configs/bert.py:mlperf_v07.")
-    _TOPOLOGY = flags.DEFINE_string("topology", "", "TPU slice, e.g. v3:64x64.")
-    _CHIPS = flags.DEFINE_list("chips", [], "Also plan these chip counts (same TPU generation).")
-    _FULL = flags.DEFINE_bool("full", False, "Every combination, not one knob at a time.")
-    _BUDGET = flags.DEFINE_float("budget_s", 900.0, "Compile-time budget; the rest is skipped.")
-    _HBM = flags.DEFINE_float("hbm_scale", 1.0, "What-if: HBM capacity x this (COMET: 1.6).")
-    _ICI = flags.DEFINE_float("ici_scale", 1.0, "What-if: ICI / intra-node bandwidth x this.")
-    _DCN = flags.DEFINE_float("dcn_scale", 1.0, "What-if: DCN / inter-node bandwidth x this.")
-    _SLICES = flags.DEFINE_integer("slices", 1, "Slices joined over DCN (data parallel).")
-    _PRICE = flags.DEFINE_float("price", 0.0, "US$ per chip-hour (0: parallel/hardware.py).")
-    _CLUSTER = flags.DEFINE_string("cluster", "", "A GPU cluster of parallel/hardware.py.")
-    _BPD = flags.DEFINE_integer("batch_per_device", 32, "--cluster: examples per device.")
-    _MICRO = flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps.")
-    _HONESTY = flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times.")
-    _JSON = flags.DEFINE_bool("json", False, "Print JSON instead of a table.")
-    _PLOT = flags.DEFINE_string("plot", "", "Write a PNG: step time and memory per candidate.")
+    return {
+        "config": config_flags.DEFINE_config_file(
+            "config", None, "e.g. configs/bert.py:mlperf_v07."
+        ),
+        "topology": flags.DEFINE_string("topology", "", "TPU slice, e.g. v3:64x64."),
+        "chips": flags.DEFINE_list("chips", [], "Also plan these chip counts."),
+        "full": flags.DEFINE_bool("full", False, "Every combination, not one knob at a time."),
+        "budget": flags.DEFINE_float("budget_s", 900.0, "Compile budget in seconds."),
+        "hbm": flags.DEFINE_float("hbm_scale", 1.0, "What-if: HBM capacity x this (COMET: 1.6)."),
+        "ici": flags.DEFINE_float("ici_scale", 1.0, "What-if: ICI / intra-node bandwidth x this."),
+        "dcn": flags.DEFINE_float("dcn_scale", 1.0, "What-if: DCN / inter-node bandwidth x this."),
+        "slices": flags.DEFINE_integer("slices", 1, "Slices joined over DCN (data parallel)."),
+        "price": flags.DEFINE_float("price", 0.0, "US$ per chip-hour (0: parallel/hardware.py)."),
+        "cluster": flags.DEFINE_string("cluster", "", "A GPU cluster of parallel/hardware.py."),
+        "bpd": flags.DEFINE_integer("batch_per_device", 32, "--cluster: examples per device."),
+        "micro": flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps."),
+        "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
+        "json": flags.DEFINE_bool("json", False, "Print JSON instead of a table."),
+        "plot": flags.DEFINE_string("plot", "", "Write a PNG: step time and memory per candidate."),
+    }
+
+
+_FLAGS: dict[str, Any] = {}
 
 
 def main(argv: list[str]) -> None:
+    f = {name: flag.value for name, flag in _FLAGS.items()}
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from launch import plan_reports
     from parallel.topology import TopologyError, get_topology, topology_for_chips
 
-    if _HONESTY.value:
+    if f["honesty"]:
         rows = plan_reports.honesty_rows()
-        print(json.dumps(rows, indent=2) if _JSON.value else plan_reports.honesty_table(rows))
+        print(json.dumps(rows, indent=2) if f["json"] else plan_reports.honesty_table(rows))
         return
-    config = _CONFIG.value
+    config = f["config"]
     if config is None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07 (or --honesty).")
-    if _CLUSTER.value:
-        rows = plan_reports.cluster_scaling(config, _CLUSTER.value, _BPD.value, _MICRO.value)
-        print(json.dumps(rows, indent=2) if _JSON.value else plan_reports.cluster_table(rows))
+    if f["cluster"]:
+        rows = plan_reports.cluster_scaling(config, f["cluster"], f["bpd"], f["micro"])
+        print(json.dumps(rows, indent=2) if f["json"] else plan_reports.cluster_table(rows))
         return
-    if not _TOPOLOGY.value:
+    if not f["topology"]:
         raise app.UsageError("give --topology (e.g. v3:64x64) or --cluster (GPU).")
     try:
-        topologies = [get_topology(_TOPOLOGY.value).name]
+        topologies = [get_topology(f["topology"]).name]
         generation = topologies[0].split(":")[0]
-        topologies += [topology_for_chips(generation, int(n)) for n in _CHIPS.value]
+        topologies += [topology_for_chips(generation, int(n)) for n in f["chips"]]
     except TopologyError as e:
         raise app.UsageError(str(e)) from None
     what_if = dict(
-        hbm_scale=_HBM.value,
-        ici_scale=_ICI.value,
-        dcn_scale=_DCN.value,
-        slices=_SLICES.value,
-        price=_PRICE.value,
+        hbm_scale=f["hbm"],
+        ici_scale=f["ici"],
+        dcn_scale=f["dcn"],
+        slices=f["slices"],
+        price=f["price"],
     )
-    rows = plan(config, list(dict.fromkeys(topologies)), what_if, _FULL.value, _BUDGET.value)
-    print(json.dumps(rows, indent=2, default=str) if _JSON.value else table(rows))
-    if _PLOT.value:
-        plot(rows, _PLOT.value)
+    rows = plan(config, list(dict.fromkeys(topologies)), what_if, f["full"], f["budget"])
+    print(json.dumps(rows, indent=2, default=str) if f["json"] else table(rows))
+    if f["plot"]:
+        plot(rows, f["plot"])
 
 
 if __name__ == "__main__":
-    _define_flags()
+    _FLAGS.update(_define_flags())
     app.run(main)
