@@ -1,0 +1,328 @@
+"""SSD (ResNet-34) as a Task: anchor-encoded training, on-device NMS, COCO mAP on the hosts.
+
+Eval: `eval_outputs` runs the model, decodes boxes and does batched NMS on the mesh
+(batch-sharded); `host_eval_stats` turns this host's rows into a fixed-size detections
+array; `finalize_eval` (async, a background thread) runs pycocotools COCOeval on the
+detections of every shard and returns the box mAP.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
+from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
+from mlperf.coco_eval import CocoEvaluator
+from mlperf.ssd import data as ssd_data
+from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_boxes
+from mlperf.ssd.loss import ssd_loss_per_image
+from mlperf.ssd.model import Ssd, SsdConfig
+from mlperf.ssd.nms import batched_nms
+from mlperf.task import Phase
+from parallel.precision import policy_from_config
+
+
+def anchor_config(m) -> AnchorConfig:
+    """AnchorConfig from config.model."""
+    return AnchorConfig(
+        image_size=m.image_size,
+        feature_sizes=tuple(m.feature_sizes),
+        steps=tuple(m.steps),
+        scales=tuple(m.scales),
+        aspect_ratios=tuple(tuple(r) for r in m.aspect_ratios),
+    )
+
+
+def check_spatial_partitioning(config) -> None:
+    """model.spatial_partitions=k needs a model axis of k and height mapped onto it."""
+    k = config.model.spatial_partitions
+    if k <= 1:
+        return
+    rules = {name: axis for name, axis in config.parallel.get("rules", ())}
+    model_size = dict(zip(config.mesh.axes, config.mesh.ici_shape, strict=True)).get("model")
+    if rules.get("height") != "model" or model_size != k:
+        raise ValueError(
+            f"model.spatial_partitions={k} needs --config.mesh.ici_shape='(-1,{k})' and "
+            '--config.parallel.rules=\'(("height","model"),)\' (got mesh '
+            f"{tuple(config.mesh.ici_shape)}, rules {tuple(config.parallel.get('rules', ()))})."
+        )
+
+
+class SsdTask:
+    """MLPerf SSD: box mAP on COCO-format data."""
+
+    benchmark = "ssd"
+    target_metric = "mAP"
+    async_finalize = True  # COCOeval runs in a background thread while training continues
+
+    def __init__(self, config):
+        self.config = config
+        self.target_value = float(config.train.target)
+        self.anchors = anchor_config(config.model)
+        check_spatial_partitioning(config)
+        self._data: CocoData | None = None
+        self._evaluator: CocoEvaluator | None = None
+        self._encoder: BoxEncoder | None = None
+
+    # ---- data ------------------------------------------------------------------------
+    def _cache_dir(self) -> str:
+        return os.path.expanduser(self.config.data.cache_dir or "~/.cache/multipod")
+
+    def coco_folder(self) -> CocoFolder:
+        """The configured data set as a COCO folder (the shapes set is generated first)."""
+        d = self.config.data
+        if d.dataset == "shapes":
+            params = ShapesParams(
+                num_images=d.shapes_images, image_size=d.shapes_image_size, seed=d.shapes_seed
+            )
+            ann, images = prepare_shapes(self._cache_dir(), params)
+            return CocoFolder(ann, images, eval_count=d.eval_count, split_seed=d.split_seed)
+        if d.dataset != "coco":
+            raise ValueError(f"data.dataset={d.dataset!r}: use 'shapes' or 'coco'.")
+
+        def path(p: str) -> str:
+            return os.path.join(d.data_dir, p) if p and not os.path.isabs(p) else p
+
+        return CocoFolder(
+            annotations=path(d.annotations),
+            images_dir=path(d.images_dir),
+            eval_annotations=path(d.eval_annotations),
+            eval_images_dir=path(d.eval_images_dir),
+            eval_count=d.eval_count,
+            split_seed=d.split_seed,
+            categories=tuple(d.categories),
+        )
+
+    def prepare(self, shard_index: int, shard_count: int) -> None:
+        """Builds (or loads) the data set, the box encoder and the COCO evaluator."""
+        del shard_index, shard_count  # every host reads the same random-access splits
+        if self._data is None:
+            self._data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
+            classes = self.config.model.num_classes
+            if classes and classes != self._data.num_classes:
+                raise ValueError(
+                    f"model.num_classes={classes} but the data has {self._data.num_classes} "
+                    "classes (with background); set it to 0 to take the data's."
+                )
+            self._evaluator = CocoEvaluator(self._data.eval_gt_path, self._data.label_to_category)
+            self._encoder = BoxEncoder(self.anchors)
+
+    def _require_data(self) -> CocoData:
+        if self._data is None:
+            raise RuntimeError("SsdTask.prepare() must run before reading data.")
+        return self._data
+
+    def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
+        return ssd_data.train_loader(
+            self._require_data().train,
+            host_batch_size,
+            self.config.seed,
+            shard_index,
+            shard_count,
+            self.anchors.image_size,
+            self._encoder,
+            worker_count=self.config.data.get("input_workers", 0),
+        )
+
+    def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
+        return ssd_data.eval_batches(
+            self._require_data().eval,
+            self.anchors.image_size,
+            global_batch_size,
+            shard_index,
+            shard_count,
+            self.config.data.max_eval_examples,
+        )
+
+    def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        s, a = self.anchors.image_size, self.anchors.num_boxes
+        return {
+            "image": ((s, s, 3), "float32"),
+            "boxes": ((a, 4), "float32"),
+            "labels": ((a,), "int32"),
+        }
+
+    def num_eval_examples(self) -> int:
+        n = len(self._require_data().eval)
+        cap = self.config.data.max_eval_examples
+        return min(n, cap) if cap > 0 else n
+
+    # ---- schedule ----------------------------------------------------------------------
+    def phases(self) -> list[Phase]:
+        """One phase per learning-rate step (MLPerf: x0.1 at epochs 64 and 80)."""
+        c, o = self.config, self.config.optimizer
+        gbs = c.train.global_batch_size
+        bounds = [int(b) for b in o.decay_boundary_steps]
+        if o.decay_boundary_epochs:
+            if c.data.train_examples <= 0:
+                raise ValueError("optimizer.decay_boundary_epochs needs data.train_examples > 0.")
+            per_epoch = c.data.train_examples / gbs
+            bounds = [math.ceil(e * per_epoch) for e in o.decay_boundary_epochs]
+        bounds = [b for b in bounds if 0 < b < c.train.steps] + [c.train.steps]
+        phases, start = [], 0
+        for i, end in enumerate(bounds):
+            lr = o.learning_rate * (o.decay_factor**i)
+            warmup = o.warmup_steps if i == 0 else 0
+            phases.append(
+                Phase(
+                    name=f"lr{i}",
+                    global_batch_size=gbs,
+                    steps=end - start,
+                    learning_rate=lr,
+                    warmup_steps=warmup,
+                    decay_steps=end - start,
+                    data={},
+                )
+            )
+            start = end
+        return phases
+
+    # ---- model -------------------------------------------------------------------------
+    def model_config(self) -> SsdConfig:
+        m = self.config.model
+        classes = m.num_classes or (self._data.num_classes if self._data else 0)
+        if not classes:
+            raise ValueError("model.num_classes is 0 and no data is prepared to take it from.")
+        return SsdConfig(
+            num_classes=classes,
+            anchors=self.anchors,
+            backbone_width=m.backbone_width,
+            feature_channels=tuple(m.feature_channels),
+            extra_mid_channels=tuple(m.extra_mid_channels),
+            bn_group_size=m.bn_group_size,
+            bn_momentum=m.bn_momentum,
+            dtype=policy_from_config(
+                self.config.precision.compute_dtype, self.config.precision.param_dtype
+            ).compute_dtype,
+        )
+
+    def build_model(self, rngs: nnx.Rngs) -> Ssd:
+        return Ssd(self.model_config(), rngs=rngs)
+
+    # ---- loss --------------------------------------------------------------------------
+    def denominators(self, batch) -> dict[str, jax.Array]:
+        return {"examples": jnp.asarray(batch["labels"].shape[0], jnp.float32)}
+
+    def loss(self, model, batch, denominators, rng):
+        del rng  # no dropout
+        offsets, logits = model(batch["image"], train=True)
+        per_image = ssd_loss_per_image(offsets, logits, batch["boxes"], batch["labels"])
+        n = denominators["examples"]
+        loss = jnp.sum(per_image["total"]) / n
+        wd = self.config.optimizer.l2_weight_decay
+        if wd:
+            # L2 on conv kernels, added once per global batch: each replica and
+            # microbatch adds its share (its rows / global rows), the step sums them.
+            kernels = [
+                x
+                for path, x in jax.tree_util.tree_leaves_with_path(
+                    nnx.to_pure_dict(nnx.state(model, nnx.Param))
+                )
+                if str(getattr(path[-1], "key", "")) == "kernel"
+            ]
+            l2 = sum(jnp.sum(k.astype(jnp.float32) ** 2) for k in kernels)
+            loss = loss + 0.5 * wd * l2 * (batch["labels"].shape[0] / n)
+        aux = {
+            "box_loss": jnp.sum(per_image["box"]) / n,
+            "cls_loss": jnp.sum(per_image["cls"]) / n,
+            "positives": jnp.sum(per_image["pos"]) / n,
+        }
+        return loss, aux
+
+    # ---- eval --------------------------------------------------------------------------
+    def eval_sums(self, model, batch) -> dict[str, jax.Array]:
+        return {"examples": jnp.sum(batch["mask"]).astype(jnp.int32)}
+
+    def eval_outputs(self, model, batch) -> dict[str, jax.Array]:
+        """Fixed-size detections per image (normalised x0, y0, x1, y1), NMS on device."""
+        offsets, logits = model(batch["image"], train=False)
+        anchors = jnp.asarray(default_boxes(self.anchors))
+        boxes = jnp.clip(decode_offsets(offsets, anchors), 0.0, 1.0)
+        e = self.config.eval
+        return batched_nms(
+            boxes,
+            jax.nn.softmax(logits, axis=-1),
+            pre_nms=e.pre_nms_top_k,
+            max_detections=e.max_detections,
+            iou_threshold=e.nms_iou_threshold,
+            score_threshold=e.score_threshold,
+        )
+
+    def host_eval_stats(self, outputs, batches) -> dict[str, np.ndarray]:
+        """This host's detections as [rows, D, 6] (x, y, w, h in image pixels, score,
+        label) with image ids and the padding mask; same shapes on every host."""
+        dets, ids, mask = [], [], []
+        for out, batch in zip(outputs, batches, strict=True):
+            size = np.stack([batch["width"], batch["height"]], -1).astype(np.float32)[:, None]
+            x0y0 = out["boxes"][..., :2] * size
+            wh = (out["boxes"][..., 2:] - out["boxes"][..., :2]) * size
+            dets.append(
+                np.concatenate(
+                    [x0y0, wh, out["scores"][..., None], out["classes"][..., None]], -1
+                ).astype(np.float32)
+            )
+            ids.append(batch["image_id"].astype(np.int64))
+            mask.append(batch["mask"].astype(np.float32))
+        return {
+            "detections": np.concatenate(dets),
+            "image_ids": np.concatenate(ids),
+            "mask": np.concatenate(mask),
+        }
+
+    def coco_results(self, sums: dict[str, Any]) -> list[dict[str, Any]]:
+        """COCO result dicts from the gathered detections of every shard."""
+        dets = np.asarray(sums["detections"]).reshape(-1, *np.shape(sums["detections"])[-2:])
+        ids = np.asarray(sums["image_ids"]).reshape(-1)
+        mask = np.asarray(sums["mask"]).reshape(-1)
+        real = mask > 0
+        dets, ids = dets[real], ids[real]
+        keep = dets[..., 4] > 0  # filled NMS slots
+        image_ids = np.broadcast_to(ids[:, None], keep.shape)[keep]
+        d = dets[keep]
+        return self._evaluator.box_results(image_ids, d[:, :4], d[:, 4], d[:, 5].astype(np.int64))
+
+    def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
+        stats = self._evaluator.evaluate(self.coco_results(sums))
+        return {
+            "mAP": stats["AP"],
+            "AP50": stats["AP50"],
+            "AP75": stats["AP75"],
+            "AR100": stats["AR100"],
+            "eval_examples": int(sums["examples"]),
+        }
+
+    # ---- reporting ---------------------------------------------------------------------
+    def mllog_hparams(self) -> dict[str, Any]:
+        c, o = self.config, self.config.optimizer
+        return {
+            "opt_name": o.name,
+            "opt_base_learning_rate": o.learning_rate,
+            "opt_weight_decay": o.l2_weight_decay,
+            "opt_learning_rate_warmup_steps": o.warmup_steps,
+            "opt_learning_rate_warmup_factor": o.warmup_factor,
+            "opt_learning_rate_decay_boundary_epochs": list(o.decay_boundary_epochs),
+            "opt_learning_rate_decay_factor": o.decay_factor,
+            "model_bn_span": c.model.bn_group_size,
+            "spatial_partitions": c.model.spatial_partitions,
+            "max_samples": 1,
+        }
+
+    def flops_per_example(self, phase: Phase) -> float:
+        """3 x the forward FLOPs of one image, as XLA counts them on the lowered HLO."""
+        s = self.anchors.image_size
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: self.build_model(nnx.Rngs(0))))
+
+        def forward(state, images):
+            return nnx.merge(graphdef, state)(images, train=False)
+
+        images = jax.ShapeDtypeStruct((1, s, s, 3), jnp.float32)
+        cost = jax.jit(forward).lower(state, images).cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return 3.0 * float(cost.get("flops", 0.0))
