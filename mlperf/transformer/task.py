@@ -245,6 +245,11 @@ class TransformerTask:
         return metrics
 
     # ---- reporting -----------------------------------------------------------------------
+    def mllog_metadata(self) -> dict[str, dict[str, Any]]:
+        """Metadata the 0.7.0 rules require on some hyperparameter events: over-long
+        training pairs are discarded (eval inputs are truncated)."""
+        return {keys.MAX_SEQUENCE_LENGTH: {"method": "discard"}}
+
     def mllog_hparams(self) -> dict[str, Any]:
         o = self.config.optimizer
         return {
