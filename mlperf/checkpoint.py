@@ -109,6 +109,13 @@ class Restored:
     path: str
 
 
+def _plain(value: Any) -> Any:
+    """JSON form of numpy scalars and arrays (eval metrics may hold them)."""
+    if isinstance(value, np.generic | np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot store {type(value).__name__} in checkpoint metadata")
+
+
 def leaf_shapes(tree: PyTree) -> dict[str, list]:
     """Path -> [shape, dtype] of every array leaf: a fingerprint of the model and optimizer."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -118,7 +125,8 @@ def leaf_shapes(tree: PyTree) -> dict[str, list]:
 def check_compatible(saved: dict[str, list], target: dict[str, list], where: str) -> None:
     """Raises CheckpointMismatchError naming the first differing paths and shapes."""
     problems = []
-    for path in sorted(set(saved) | set(target)):
+    # Parameters first: they name the model difference; optimizer slots repeat it.
+    for path in sorted(set(saved) | set(target), key=lambda p: (not p.startswith("['params']"), p)):
         if path not in target:
             problems.append(f"{path}: in the checkpoint {saved[path]}, not in this model")
         elif path not in saved:
@@ -243,6 +251,7 @@ class Checkpointer:
         copied off the devices; the files are written in the background)."""
         self.wait()  # orbax would wait for the previous save here anyway
         meta = {**meta, "shapes": leaf_shapes(state), "process_count": jax.process_count()}
+        meta = json.loads(json.dumps(meta, default=_plain))  # numpy values -> JSON
         best = None
         if metrics is not None and self.best_metric in metrics:
             best = {self.best_metric: float(metrics[self.best_metric])}
@@ -313,6 +322,23 @@ class Checkpointer:
             iterator_state = receiver.state
         return Restored(step, state, meta, iterator_state, path)
 
+    def _set_aside(self, steps: list[int]) -> None:
+        """Renames unreadable checkpoints to <step>.corrupted (kept for inspection, no
+        longer a step), so the resumed run can write those steps again."""
+        if steps and jax.process_index() == 0:
+            for step in steps:
+                path = self.step_path(step)
+                target = f"{path}.corrupted"
+                n = 1
+                while os.path.exists(target):
+                    target, n = f"{path}.corrupted{n}", n + 1
+                os.rename(path, target)
+                print(f"WARNING: moved {path} to {target}", flush=True)
+        if steps:
+            if jax.process_count() > 1:
+                multihost_utils.sync_global_devices("multipod_checkpoint_set_aside")
+            self.manager.reload()
+
     def restore_latest(self, abstract_state: PyTree) -> Restored | None:
         """The newest readable checkpoint restored into `abstract_state`'s shardings, or None
         when there is none. Unreadable ones are skipped with a warning naming them."""
@@ -327,6 +353,7 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001 - any read error means "not usable"
                 ok, error, restored = False, e, None
             if _all_hosts_ok(ok):
+                self._set_aside(failures)
                 return restored
             message = (
                 f"checkpoint {self.step_path(step)} is incomplete or corrupted "
@@ -336,7 +363,7 @@ class Checkpointer:
             )
             logging.warning(message)
             print(f"WARNING: {message}", flush=True)
-            failures.append(f"{step}: {error}")
+            failures.append(step)
         if steps:
             raise NoUsableCheckpointError(
                 f"none of the checkpoints in {self.cfg.directory} (steps {steps}) can be read; "

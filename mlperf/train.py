@@ -486,6 +486,8 @@ def run(config, workdir: str) -> dict[str, Any]:
         checkpointer,
         restored.meta if restored is not None else None,
     )
+    if restored is not None:
+        loop.last_saved = restored.path
     try:
         state = loop.run(state, key, phase_runs)
         jax.block_until_ready(state)

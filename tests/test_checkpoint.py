@@ -184,19 +184,23 @@ def test_resume_onto_two_processes(reference, tmp_path):
 
 def test_corrupted_latest_checkpoint_falls_back_to_the_previous(reference, tmp_path, capsys):
     workdir = _copy_until(reference, tmp_path / "corrupt", STEPS)
-    latest = workdir / "checkpoints" / str(STEPS)
+    ckpts = workdir / "checkpoints"
+    latest, previous = ckpts / str(STEPS), ckpts / str(STEPS - EVERY)
     biggest = max(
         (os.path.join(root, f) for root, _, files in os.walk(latest / "state") for f in files),
         key=os.path.getsize,
     )
     os.truncate(biggest, os.path.getsize(biggest) // 2)  # a file cut short
-    os.remove(latest / "data" / "process_0-of-1.json")  # and a missing one
+    os.remove(previous / "data" / "process_0-of-1.json")  # a missing file
     result = run(_config(), str(workdir))
     out = capsys.readouterr().out
-    assert f"checkpoint {latest} is incomplete or corrupted" in out
-    assert result["resumed_from_step"] == STEPS - EVERY
+    for bad in (latest, previous):
+        assert f"checkpoint {bad} is incomplete or corrupted" in out
+        assert os.path.isdir(f"{bad}.corrupted")  # set aside, not deleted
+    assert result["resumed_from_step"] == STEPS - 2 * EVERY
     want = json.loads((reference / "result.json").read_text())
     assert result["params_fingerprint"] == want["params_fingerprint"]
+    assert STEPS in committed_steps(str(ckpts))  # written again, whole
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp_path, capsys):
