@@ -15,10 +15,6 @@ from mlperf.train import run
 
 pytestmark = [pytest.mark.slow]
 
-# Rules of the 0.7.0 checker our log cannot meet without a hook in mlperf/mllog.py (the
-# max_sequence_length event needs {"method": ...} metadata; see the task's mllog_metadata).
-KNOWN_GAPS = ("max_sequence_length",)
-
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
@@ -63,10 +59,10 @@ def test_tiny_mllog_passes_the_compliance_checker(tiny_run):
     failures = [
         line
         for line in output.splitlines()
-        if ("Failed" in line or "ERROR - " in line and "FAILED" not in line)
-        and not any(gap in line for gap in KNOWN_GAPS)
+        if "Failed" in line or "ERROR - " in line and "FAILED" not in line
     ]
-    # The tiny BLEU is above 25, so even the quality target passes.
+    # The tiny run's BLEU passes 25 (eval_accuracy 0.25) on the way, so even the quality
+    # target check passes.
     assert failures == [], output
 
 
