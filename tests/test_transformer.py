@@ -136,3 +136,19 @@ def test_vocabulary_without_the_special_ids_is_a_clear_error(tmp_path):
     assert translation_vocab.decode_ids(sp, sp.encode("word7 and more") + [1, 9, 9]) == (
         "word7 and more"
     )
+
+
+def test_rsqrt_schedule_warms_up_linearly_then_decays_as_rsqrt():
+    from mlperf.transformer.schedule import rsqrt_schedule
+    from mlperf.transformer.task import TransformerTask
+
+    c = get_config("mlperf_v07")
+    schedule = TransformerTask(c).schedule()
+    base, warmup, hidden = 3.3092157691415953, 664, 1024
+    peak = base / np.sqrt(warmup) / np.sqrt(hidden)
+    np.testing.assert_allclose(schedule(warmup - 1), peak, rtol=1e-6)  # step t = warmup
+    np.testing.assert_allclose(schedule(warmup // 2 - 1), peak / 2, rtol=1e-6)
+    np.testing.assert_allclose(schedule(4 * warmup - 1), peak / 2, rtol=1e-6)
+    assert float(rsqrt_schedule(1.0, 100)(99)) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        rsqrt_schedule(1.0, 0)
