@@ -1,0 +1,200 @@
+"""Mask R-CNN configs: `--config configs/maskrcnn.py:<variant>`.
+
+Variants: tiny (procedural shapes with masks, embedded, CPU minutes), coco128 (128 real
+COCO images with polygons from ../shared/data, a fixed 32-image eval split), mlperf_v07
+(ResNet-50-FPN at 1344 px, global batch 256, SGD momentum 0.9, L2 1e-4, COCO 2017 from
+a data dir the user supplies; targets box mAP 0.377 and mask mAP 0.339).
+"""
+
+from ml_collections import ConfigDict
+
+VARIANTS = ("tiny", "coco128", "mlperf_v07")
+
+
+def _base() -> ConfigDict:
+    c = ConfigDict()
+    c.benchmark = "maskrcnn"
+    c.variant = ""
+    c.seed = 0
+    # Multilevel ROIAlign, mask targets and every row selection as one-hot/bilinear
+    # einsums: no gather or scatter in the train step (the TPU choice of the paper).
+    c.einsum_gather = True
+    c.model = ConfigDict(
+        dict(
+            num_classes=0,  # 0: from the data's categories
+            block="bottleneck",
+            stage_sizes=(3, 4, 6, 3),
+            width=64,
+            bn_group_size=0,
+            fpn_dim=256,
+            fc_dim=1024,
+            mask_convs=4,
+            mask_roi_size=14,  # 28x28 masks
+            anchor_scale=8.0,
+            aspect_ratios=(1.0, 2.0, 0.5),
+            canonical_roi_size=224.0,
+            rpn_batch_per_image=256,
+            rpn_pre_nms_train=2000,
+            rpn_post_nms_train=1000,
+            rpn_pre_nms_test=1000,
+            rpn_post_nms_test=1000,
+            rois_per_image=512,
+            det_pre_nms=1000,
+            max_detections=100,
+        )
+    )
+    c.data = ConfigDict(
+        dict(
+            source="coco",  # "shapes" (embedded procedural set) or "coco" (a COCO folder)
+            data_dir="",
+            annotations="annotations/instances_train2017.json",
+            images_dir="train2017",
+            eval_annotations="annotations/instances_val2017.json",
+            eval_images_dir="val2017",
+            eval_count=0,  # with no eval_annotations: images held out of `annotations`
+            categories=(),  # keep only these category names; empty: all
+            seed=0,
+            shapes_images=512,
+            image_size=1344,
+            max_instances=100,
+            mask_size=112,  # rasterised ground-truth mask crop per instance
+            cache_dir="",  # "" = ~/.cache/multipod
+            max_eval_examples=0,
+            input_workers=0,
+        )
+    )
+    c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
+    c.parallel = ConfigDict(
+        dict(
+            weight_update_sharding=True,
+            fsdp=False,
+            grad_allreduce="xla",
+            grad_bucket_bytes=4 << 20,
+            grad_allreduce_chunks=0,
+            # Logical -> mesh overrides; (("height", "model"),) is SPATIAL_RULES: image
+            # height (backbone, FPN, RPN) split over `model`.
+            rules=(),
+        )
+    )
+    c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
+    c.optimizer = ConfigDict(
+        dict(
+            name="sgd",
+            momentum=0.9,
+            learning_rate=0.02,
+            l2_weight_decay=1e-4,  # added to the loss on kernels (the TF v0.7 recipe)
+            warmup_steps=100,
+            decay_steps=0,
+            power=1.0,
+            grad_clip_norm=0.0,
+            # unused by sgd, kept for the shared optimizer builder's schema
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+        )
+    )
+    c.train = ConfigDict(
+        dict(
+            global_batch_size=256,
+            microbatches=1,
+            steps=1000,
+            eval_every_samples=0,
+            eval_batch_size=256,
+            log_every_steps=10,
+            target=0.377,  # box mAP (MLPerf v0.7)
+            mask_target=0.339,  # mask mAP
+            stop_at_target=True,
+        )
+    )
+    return c
+
+
+def get_config(arg: str = "tiny") -> ConfigDict:
+    """Returns the config for one variant."""
+    if arg not in VARIANTS:
+        raise ValueError(f"unknown maskrcnn variant {arg!r}; choose one of {VARIANTS}.")
+    c = _base()
+    c.variant = arg
+    if arg in ("tiny", "coco128"):
+        # A slim ResNet (one bottleneck per stage, width 16): CPU-sized.
+        c.model.update(
+            stage_sizes=(1, 1, 1, 1),
+            width=16,
+            fpn_dim=32,
+            fc_dim=128,
+            mask_convs=2,
+            mask_roi_size=7,  # 14x14 masks
+            anchor_scale=4.0,  # 16 px anchors at P2
+            canonical_roi_size=64.0,  # ROI of 32 px -> level 3, 16 px -> level 2
+            rpn_batch_per_image=64,
+            rpn_pre_nms_train=200,
+            rpn_post_nms_train=100,
+            rpn_pre_nms_test=200,
+            rpn_post_nms_test=100,
+            rois_per_image=64,
+            det_pre_nms=200,
+            max_detections=20,
+        )
+        c.data.update(image_size=128, max_instances=8, mask_size=32, max_eval_examples=0)
+        c.mesh.ici_shape = (8, 1)
+        c.precision.compute_dtype = "float32"
+        c.optimizer.update(learning_rate=0.04, warmup_steps=50, l2_weight_decay=1e-4)
+    if arg == "tiny":
+        # 64 px procedural shapes (10-32 px objects): P2..P6 are 16x16 .. 1x1.
+        c.data.update(source="shapes", image_size=64, shapes_images=448, eval_count=64)
+        c.train.update(
+            global_batch_size=16,
+            steps=600,
+            eval_every_samples=16 * 100,
+            eval_batch_size=64,
+            log_every_steps=25,
+            target=0.30,  # placeholder until measured; see README
+            mask_target=0.30,
+        )
+    elif arg == "coco128":
+        c.data.update(
+            source="coco",
+            data_dir="../shared/data/coco128_seg",
+            annotations="annotations/instances_train2017.json",
+            images_dir="images",
+            eval_annotations="",
+            eval_images_dir="",
+            eval_count=32,
+            max_instances=16,
+        )
+        c.train.update(
+            global_batch_size=16,
+            steps=600,
+            eval_every_samples=16 * 100,
+            eval_batch_size=32,
+            log_every_steps=25,
+            target=1.0,  # no target: report the mAPs reached
+            mask_target=1.0,
+            stop_at_target=False,
+        )
+    elif arg == "mlperf_v07":
+        # Google's MLPerf TPU Mask R-CNN run script at global batch 256 (8-way input
+        # partitioning): SGD momentum 0.9, lr 0.26, 1905 warmup steps, x0.1 drops at
+        # steps 6000 and 8000. The shared optimizer has warmup + polynomial decay only:
+        # until it gains step drops, decay linearly to 0 at 9000 steps (~19.5 epochs).
+        c.mesh.ici_shape = (-1, 8)
+        c.parallel.rules = (("height", "model"),)
+        c.optimizer.update(
+            name="sgd",
+            momentum=0.9,
+            learning_rate=0.26,
+            warmup_steps=1905,
+            decay_steps=9000,
+            l2_weight_decay=1e-4,
+        )
+        c.train.update(
+            global_batch_size=256,
+            steps=9000,
+            eval_every_samples=118287,  # once an epoch
+            eval_batch_size=256,
+            target=0.377,
+            mask_target=0.339,
+        )
+        c.data.update(data_dir="", image_size=1344, max_instances=100, mask_size=112)
+    return c

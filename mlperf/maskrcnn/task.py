@@ -1,0 +1,293 @@
+"""Mask R-CNN as a Task: losses, fixed-size detections for in-loop COCO eval (bbox and
+segm, pycocotools on the hosts in a background thread), two quality targets."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from input_pipeline import maskrcnn_data
+from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
+from input_pipeline.grain_pipeline import padded_eval_batches
+from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
+from mlperf.coco_eval import CocoEvaluator
+from mlperf.layers.resnet import ResNetConfig
+from mlperf.maskrcnn.boxes import AnchorConfig
+from mlperf.maskrcnn.model import MaskRcnn, MaskRcnnConfig
+from mlperf.maskrcnn.postprocess import coco_results
+from mlperf.mllog import keys
+from mlperf.task import Phase
+from parallel.precision import policy_from_config
+
+BOX_AP = "box_ap"
+MASK_AP = "mask_ap"
+
+
+class MaskRcnnTask:
+    """MLPerf Mask R-CNN: box mAP and mask mAP targets on COCO-format data."""
+
+    benchmark = "maskrcnn"
+    target_metric = BOX_AP
+    async_finalize = True  # COCOeval runs in a background thread
+
+    def __init__(self, config):
+        self.config = config
+        self.target_value = float(config.train.target)
+        self.mask_target = float(config.train.mask_target)
+        self._data: CocoData | None = None
+        self._evaluator: CocoEvaluator | None = None
+
+    # ---- data ----------------------------------------------------------------------------
+    def _input(self) -> maskrcnn_data.MaskRcnnInput:
+        d = self.config.data
+        return maskrcnn_data.MaskRcnnInput(d.image_size, d.max_instances, d.mask_size)
+
+    def _cache_dir(self) -> str:
+        return os.path.expanduser(self.config.data.cache_dir or "~/.cache/multipod")
+
+    def _folder(self) -> CocoFolder:
+        d = self.config.data
+        if d.source == "shapes":
+            json_path, images = prepare_shapes(
+                self._cache_dir(),
+                ShapesParams(num_images=d.shapes_images, image_size=d.image_size, seed=d.seed),
+            )
+            return CocoFolder(json_path, images, eval_count=d.eval_count, split_seed=d.seed)
+        if d.source != "coco":
+            raise ValueError(f"data.source={d.source!r}: use 'shapes' or 'coco'.")
+
+        def path(p: str) -> str:
+            return p if not p or os.path.isabs(p) else os.path.join(d.data_dir, p)
+
+        return CocoFolder(
+            annotations=path(d.annotations),
+            images_dir=path(d.images_dir),
+            eval_annotations=path(d.eval_annotations),
+            eval_images_dir=path(d.eval_images_dir),
+            eval_count=d.eval_count,
+            split_seed=d.seed,
+            categories=tuple(d.categories),
+        )
+
+    def data(self) -> CocoData:
+        """The prepared (cached) data set."""
+        if self._data is None:
+            self._data = prepare_coco(self._folder(), os.path.join(self._cache_dir(), "tfds"))
+        return self._data
+
+    def prepare(self, shard_index: int, shard_count: int) -> None:
+        """Builds (or loads) the data set and the eval ground truth before compiling."""
+        del shard_index, shard_count  # every host reads the same prepared set
+        data = self.data()
+        self._evaluator = CocoEvaluator(data.eval_gt_path, data.label_to_category)
+
+    def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
+        return maskrcnn_data.train_loader(
+            self.data().train,
+            self._input(),
+            host_batch_size,
+            seed=self.config.seed,
+            shard_index=shard_index,
+            shard_count=shard_count,
+            worker_count=self.config.data.get("input_workers", 0),
+        )
+
+    def num_eval_examples(self) -> int:
+        n = len(self.data().eval)
+        limit = self.config.data.get("max_eval_examples", 0)
+        return min(n, limit) if limit else n
+
+    def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
+        p = self._input()
+        dtypes = {k: d for k, (_, d) in maskrcnn_data.example_spec(p, train=False).items()}
+        return padded_eval_batches(
+            maskrcnn_data.EvalExamples(self.data().eval, p),
+            self.num_eval_examples(),
+            global_batch_size,
+            shard_index,
+            shard_count,
+            dtypes,
+        )
+
+    def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        return maskrcnn_data.example_spec(self._input(), train=True)
+
+    # ---- phases and model ----------------------------------------------------------------
+    def phases(self) -> list[Phase]:
+        c = self.config
+        return [
+            Phase(
+                name="train",
+                global_batch_size=c.train.global_batch_size,
+                steps=c.train.steps,
+                learning_rate=c.optimizer.learning_rate,
+                warmup_steps=c.optimizer.warmup_steps,
+                decay_steps=c.optimizer.decay_steps or c.train.steps,
+                data={"image_size": c.data.image_size},
+            )
+        ]
+
+    def num_classes(self) -> int:
+        """Foreground classes: from the prepared data, else the config (inspect, AOT)."""
+        if self._data is not None:
+            return self._data.num_classes - 1
+        if self.config.model.num_classes <= 0:
+            raise ValueError("model.num_classes must be set when the data is not prepared.")
+        return self.config.model.num_classes
+
+    def model_config(self) -> MaskRcnnConfig:
+        m = self.config.model
+        dtype = policy_from_config(
+            self.config.precision.compute_dtype, self.config.precision.param_dtype
+        ).compute_dtype
+        size = self.config.data.image_size
+        return MaskRcnnConfig(
+            num_classes=self.num_classes(),
+            image_size=(size, size),
+            backbone=ResNetConfig(
+                block=m.block,
+                stage_sizes=tuple(m.stage_sizes),
+                width=m.width,
+                bn_group_size=m.bn_group_size,
+            ),
+            anchors=AnchorConfig(
+                min_level=2,
+                max_level=6,
+                aspect_ratios=tuple(m.aspect_ratios),
+                anchor_scale=m.anchor_scale,
+            ),
+            fpn_dim=m.fpn_dim,
+            fc_dim=m.fc_dim,
+            mask_convs=m.mask_convs,
+            mask_roi_size=m.mask_roi_size,
+            canonical_roi_size=m.canonical_roi_size,
+            rpn_batch_per_image=m.rpn_batch_per_image,
+            rpn_pre_nms_train=m.rpn_pre_nms_train,
+            rpn_post_nms_train=m.rpn_post_nms_train,
+            rpn_pre_nms_test=m.rpn_pre_nms_test,
+            rpn_post_nms_test=m.rpn_post_nms_test,
+            rois_per_image=m.rois_per_image,
+            det_pre_nms=m.det_pre_nms,
+            max_detections=m.max_detections,
+            einsum=self.config.einsum_gather,
+            dtype=dtype,
+        )
+
+    def build_model(self, rngs: nnx.Rngs) -> MaskRcnn:
+        return MaskRcnn(self.model_config(), rngs=rngs)
+
+    # ---- loss ----------------------------------------------------------------------------
+    def denominators(self, batch) -> dict[str, jax.Array]:
+        return {"images": jnp.asarray(batch["image"].shape[0], jnp.float32)}
+
+    def loss(self, model: MaskRcnn, batch, denominators, rng):
+        rng = jax.random.key(0) if rng is None else rng
+        parts = model.losses(batch, rng, denominators["images"])
+        total = sum(v for k, v in parts.items() if k.endswith("_loss"))
+        wd = self.config.optimizer.get("l2_weight_decay", 0.0)
+        if wd:
+            # L2 on conv/dense kernels (not biases or norms), as the TF v0.7 code adds it
+            # to the loss; scaled by this replica's share of the batch so the replica sum
+            # counts it once.
+            kernels = [
+                v[...]
+                for path, v in nnx.iter_graph(model)
+                if isinstance(v, nnx.Param) and path and path[-1] == "kernel"
+            ]
+            l2 = 0.5 * sum(jnp.sum(jnp.square(k.astype(jnp.float32))) for k in kernels)
+            share = batch["image"].shape[0] / denominators["images"]
+            parts["l2_loss"] = wd * l2 * share
+            total = total + parts["l2_loss"]
+        return total, parts
+
+    # ---- eval ----------------------------------------------------------------------------
+    def eval_sums(self, model: MaskRcnn, batch) -> dict[str, jax.Array]:
+        """Device sums: only the example count; the metrics are host-side COCOeval."""
+        return {"examples": jnp.sum(batch["mask"]).astype(jnp.int32)}
+
+    def eval_outputs(self, model: MaskRcnn, batch) -> dict[str, jax.Array]:
+        det = model.detect(batch["image"])
+        return {
+            "boxes": det["boxes"],
+            "scores": det["scores"],
+            "classes": det["classes"],
+            "valid": det["valid"],
+            "masks": det["masks"].astype(jnp.float16),
+        }
+
+    def host_eval_stats(self, outputs, batches) -> dict[str, np.ndarray]:
+        """This host's rows, concatenated (the same shapes on every host: every host runs
+        the same number of padded batches); padding rows have valid all False."""
+        cat = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+        real = np.concatenate([b["mask"] for b in batches]) > 0
+        cat["valid"] = cat["valid"] & real[:, None]
+        cat["image_id"] = np.concatenate([b["image_id"] for b in batches])
+        cat["scale"] = np.concatenate([b["scale"] for b in batches])
+        return cat
+
+    def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
+        if self._evaluator is None:
+            data = self.data()
+            self._evaluator = CocoEvaluator(data.eval_gt_path, data.label_to_category)
+
+        def flat(name):
+            x = np.asarray(sums[name])
+            return x.reshape(-1, *x.shape[2:])
+
+        box_res, seg_res = coco_results(
+            self._evaluator,
+            flat("image_id"),
+            flat("scale"),
+            flat("boxes"),
+            flat("scores"),
+            flat("classes"),
+            flat("valid"),
+            flat("masks"),
+        )
+        box = self._evaluator.evaluate(box_res, "bbox")
+        seg = self._evaluator.evaluate(seg_res, "segm")
+        return {
+            BOX_AP: box["AP"],
+            MASK_AP: seg["AP"],
+            "box_ap50": box["AP50"],
+            "mask_ap50": seg["AP50"],
+            "detections": len(box_res),
+            "eval_examples": int(sums["examples"]),
+        }
+
+    def target_reached(self, metrics: dict[str, float]) -> bool:
+        """Both targets: box mAP and mask mAP."""
+        return metrics[BOX_AP] >= self.target_value and metrics[MASK_AP] >= self.mask_target
+
+    # ---- reporting -----------------------------------------------------------------------
+    def mllog_hparams(self) -> dict[str, Any]:
+        c = self.config
+        o = c.optimizer
+        return {
+            keys.OPT_BASE_LR: o.learning_rate,
+            "opt_learning_rate_warmup_steps": o.warmup_steps,
+            "opt_learning_rate_warmup_factor": 0.0,
+            "opt_weight_decay": o.get("l2_weight_decay", 0.0),
+            "min_image_size": c.data.image_size,
+            "max_image_size": c.data.image_size,
+            "num_image_candidates": c.model.rpn_post_nms_train,
+        }
+
+    def flops_per_example(self, phase: Phase) -> float:
+        """Coarse analytic training FLOPs per image (3x forward): backbone scaled from
+        ResNet-50's 4.1 GMACs at 224x224 by area, width and depth, FPN convs, heads.
+        launch.inspect reports the compiler's exact count."""
+        m = self.model_config()
+        size = m.image_size[0] * m.image_size[1]
+        cfg = m.backbone
+        # Backbone: ~ 4.1 GFLOPs MACs for ResNet-50 at 224^2 scaled by area and width^2.
+        backbone = 4.1e9 * (size / 224**2) * (cfg.width / 64) ** 2 * sum(cfg.stage_sizes) / 16
+        fpn = sum(2 * 9 * m.fpn_dim**2 * size / 4**lvl for lvl in range(1, 6))
+        box = 2 * m.rois_per_image * (m.box_roi_size**2 * m.fpn_dim * m.fc_dim + m.fc_dim**2)
+        mask = 2 * m.num_fg_rois * m.mask_convs * 9 * m.fpn_dim**2 * m.mask_roi_size**2
+        return 3.0 * (2 * backbone + fpn + box + mask)
