@@ -26,6 +26,7 @@ import os
 import signal
 from typing import Any
 
+import grain
 import grain.checkpoint as grain_ckpt
 import jax
 import jax.numpy as jnp
@@ -81,6 +82,16 @@ class CheckpointConfig:
         )
 
 
+def iterator_state_of(iterator) -> bytes | None:
+    """The grain iterator's checkpointable state; None for an iterator without one (its
+    position is then restored by skipping the batches already taken)."""
+    get_state = getattr(iterator, "get_state", None)
+    if get_state is None:
+        return None
+    state = get_state()
+    return state if isinstance(state, bytes) else json.dumps(state).encode()
+
+
 class _FrozenIteratorState:
     """An iterator stand-in for grain's handler: the state captured when the batch after
     the checkpointed step was still unread (the loop prefetches one batch ahead)."""
@@ -89,7 +100,7 @@ class _FrozenIteratorState:
         self.state = state
 
     def get_state(self) -> bytes:
-        return self.state
+        return b"null" if self.state is None else self.state
 
     def set_state(self, state: bytes) -> None:
         self.state = state
@@ -244,7 +255,7 @@ class Checkpointer:
         step: int,
         state: PyTree,
         meta: dict[str, Any],
-        iterator_state: bytes,
+        iterator_state: bytes | None,
         metrics: dict[str, float] | None = None,
     ) -> None:
         """Starts writing a checkpoint of `state` at `step` (returns once the arrays are
@@ -319,7 +330,7 @@ class Checkpointer:
             self.manager.restore(
                 step, args=ocp.args.Composite(data=grain_ckpt.CheckpointRestore(receiver))
             )
-            iterator_state = receiver.state
+            iterator_state = None if receiver.state == b"null" else receiver.state
         return Restored(step, state, meta, iterator_state, path)
 
     def _set_aside(self, steps: list[int]) -> None:
@@ -445,11 +456,15 @@ def resume_position(restored: Restored | None, phase_index: int, phase_steps: in
     if phase_index < restored.meta["phase"]:
         return phase_steps  # an earlier phase: finished
     done = restored.meta["phase_step"]
-    if restored.iterator_state is not None:
-        iterator.set_state(restored.iterator_state)
+    if restored.iterator_state is not None and hasattr(iterator, "set_state"):
+        state = restored.iterator_state
+        # grain's DataLoader iterators take bytes, its Dataset iterators a dict.
+        iterator.set_state(
+            json.loads(state) if isinstance(iterator, grain.DatasetIterator) else state
+        )
     else:
-        # Written by another process count: this host's rows of the same global batches
-        # follow from the number of batches taken (GlobalOrderHostRows).
+        # Written by another process count (or no iterator state): this host's rows of the
+        # same global batches follow from the number of batches taken (GlobalOrderHostRows).
         for _ in range(done):
             next(iterator)
     return done

@@ -25,6 +25,7 @@ from mlperf.checkpoint import (
     PreemptionNotice,
     all_finite,
     committed_steps,
+    iterator_state_of,
     reopen_mllog,
     resume_position,
 )
@@ -372,7 +373,7 @@ class _Loop:
                 preempted = self.preemption is not None and self.preemption.reached(self.step)
                 save = self._save_due(boundary) or preempted
                 # The input position of the next step, taken before it is prefetched.
-                iterator_state = pr.iterator.get_state() if save else None
+                iterator_state = iterator_state_of(pr.iterator) if save else None
                 pr.pending = next(pr.iterator)  # host input overlaps the device step
                 if (self.step % config.train.log_every_steps == 0 or last) and not self._log(
                     metrics

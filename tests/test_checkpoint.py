@@ -232,3 +232,52 @@ def test_unwritable_or_full_workdir_fails_before_anything_is_built(tmp_path):
         run(_config(), str(blocker / "work"))
     with pytest.raises(ConfigError, match="MiB free"):
         check_workdir(str(tmp_path / "w"), min_free_mb=1 << 40)
+
+
+def _two_phase_config(tmp_path):
+    """Phase 1 (seq 16, batch 16) for 6 steps, then phase 2 (seq 32, batch 8) for 6."""
+    rng = np.random.default_rng(0)
+    words = "sea claw red blue ocean crab shell water night day rock mud food king".split()
+    corpus = tmp_path / "corpus.txt"
+    with open(corpus, "w") as f:
+        for _ in range(60):
+            for _ in range(int(rng.integers(3, 8))):
+                f.write(" ".join(rng.choice(words, int(rng.integers(5, 14)))) + " .\n")
+            f.write("\n")
+    c = _config(**{"train.steps": 6, "checkpoint.every_steps": 4})
+    c.data.update(
+        corpus="files",
+        train_files=(str(corpus),),
+        eval_fraction=0.2,
+        vocab_size=128,
+        cache_dir=str(tmp_path / "cache"),
+        seq_length=16,
+        max_predictions=3,
+        max_eval_examples=32,
+    )
+    c.train.update(global_batch_size=16, eval_batch_size=16, eval_every_samples=16 * 5)
+    c.phase2.update(
+        enabled=True,
+        start_samples=16 * 6,
+        seq_length=32,
+        max_predictions=5,
+        global_batch_size=8,
+        learning_rate=1e-3,
+        warmup_steps=1,
+        steps=6,
+    )
+    return c
+
+
+def test_two_phase_run_resumes_inside_phase_two(tmp_path):
+    config = _two_phase_config(tmp_path)
+    full = run(config, str(tmp_path / "full"))
+    assert full["steps"] == 12
+    # Step 8 is the 2nd step of phase 2: the checkpoint names the phase and its position.
+    workdir = _copy_until(tmp_path / "full", tmp_path / "resumed", 8)
+    meta = json.loads((workdir / "checkpoints" / "8" / "meta" / "metadata").read_text())
+    assert (meta["phase"], meta["phase_step"]) == (1, 2)
+    resumed = run(config, str(workdir))
+    assert resumed["resumed_from_step"] == 8
+    assert resumed["params_fingerprint"] == full["params_fingerprint"]
+    assert _train_losses(workdir) == _train_losses(tmp_path / "full")
