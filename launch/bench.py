@@ -2,6 +2,7 @@
 
     python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json]
     python -m launch.bench collectives [--sizes 4K,1M,64M] [--device_counts 2,4,8] [--plot p.png]
+    python -m launch.bench peers [--peer_models bert] [--peer_sizes tiny,base] [--rounds 5]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -16,11 +17,11 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 from absl import app, flags
 from ml_collections import config_flags
 
 from launch.cli import apply_mesh_override, relax_cpu_collective_timeouts
+from mlperf.peak_flops import measure_matmul_peak
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
@@ -40,22 +41,18 @@ _INPUT_WORKERS = flags.DEFINE_list(
     "input_workers", ["0", "1", "2", "4"], "Grain worker counts whose host input rate to report."
 )
 
+_PEER_MODELS = flags.DEFINE_list("peer_models", ["bert", "transformer"], "peers: models.")
+_PEER_SIZES = flags.DEFINE_list("peer_sizes", ["tiny", "base"], "peers: sizes (tiny, base).")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "peers: timed rounds (after one warm-up round).")
+_PEER_STEPS = flags.DEFINE_integer("peer_steps", 3, "peers: train steps per side per round.")
+_PEER_THREADS = flags.DEFINE_integer(
+    "peer_threads", 0, "peers: CPU threads for both sides (0: each library's default)."
+)
+_PEER_EINSUM = flags.DEFINE_bool(
+    "peer_einsum_gather", False, "peers: our one-hot einsum lookups (the TPU choice) on CPU."
+)
+
 MIN_INPUT_RATIO = 3.0
-
-
-def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of a square fp32 matmul on one device: this machine's practical peak."""
-    a = jnp.ones((n, n), jnp.float32)
-    matmul = jax.jit(lambda x: x @ x)
-    matmul(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(4):
-            out = matmul(a)
-        out.block_until_ready()
-        times.append((time.perf_counter() - start) / 4)
-    return 2.0 * n**3 / statistics.median(times)
 
 
 def host_input_rate(trainer, phase, layout, workers: int, batches: int) -> float:
@@ -145,12 +142,30 @@ def collectives_main() -> None:
         print(f"plot: {_PLOT.value}")
 
 
+def peers_main() -> None:
+    """`python -m launch.bench peers`: see launch/bench_peers.py."""
+    from launch import bench_peers
+
+    if _PEER_THREADS.value:
+        bench_peers.limit_threads(_PEER_THREADS.value)  # before jax starts its backend
+    rows = bench_peers.run_peers(
+        _PEER_MODELS.value,
+        _PEER_SIZES.value,
+        _ROUNDS.value,
+        _PEER_STEPS.value,
+        _PEER_EINSUM.value,
+    )
+    print(json.dumps(rows, indent=2) if _JSON.value else bench_peers.table(rows))
+
+
 def main(argv: list[str]) -> None:
     if argv[1:] == ["collectives"]:
         return collectives_main()
+    if argv[1:] == ["peers"]:
+        return peers_main()
     if len(argv) > 1:
         raise app.UsageError(
-            f"unexpected arguments: {argv[1:]}; the only subcommand is 'collectives'"
+            f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives' and 'peers'"
         )
     config = _CONFIG.value
     if config is None:

@@ -1,0 +1,291 @@
+"""Our models against their PyTorch peers, trained on one CPU device in one process.
+
+    python -m launch.bench peers [--peer_sizes tiny,base] [--rounds 5] [--peer_steps 3]
+
+BERT: our `mlperf.bert` pretraining step against Hugging Face `BertForPreTraining`
+at the same size, batch, dtype (fp32), dropout and optimizer (AdamW), both from random
+init on the same synthetic batch. Transformer: our `mlperf.transformer` against
+`torch.nn.Transformer` with the same dimensions (when that model exists).
+
+The two sides alternate A B A B in one process, so machine load that comes and goes
+(the CPUs are shared) hits both alike; each round times `steps` train steps of each
+side, the first `warmup` rounds are discarded, and the median samples/s of the rest
+is reported with the ratio ours / peer.
+
+Differences that are part of the designs, not of this benchmark: Hugging Face computes
+the masked-LM head over all L positions ([B, L, V] logits, labels -100 elsewhere); ours
+gathers the P masked positions first ([B, P, V]), as the MLPerf reference does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class BertSize:
+    """One comparison point: model size, sequence and batch."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    mlp_dim: int
+    seq_length: int
+    max_predictions: int
+    batch_size: int
+    dropout_rate: float
+
+
+BERT_SIZES = {
+    # configs/bert.py:tiny's model at its sequence length and global batch.
+    "tiny": BertSize("tiny", 2048, 128, 2, 4, 512, 32, 5, 64, 0.0),
+    # BERT-base at phase-1 sequence length; a small batch so a step fits a shared CPU.
+    "base": BertSize("base", 30522, 768, 12, 12, 3072, 128, 20, 8, 0.1),
+}
+
+
+def limit_threads(threads: int) -> None:
+    """Both sides on the first `threads` CPUs: torch's intra-op threads, and XLA's pool
+    (sized from the CPU affinity when its backend starts, so call this before)."""
+    import torch
+
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cpus)
+    torch.set_num_threads(threads)
+
+
+def synthetic_bert_batch(size: BertSize, seed: int = 0) -> dict[str, np.ndarray]:
+    """A deterministic pretraining batch: padded sequences, P masked positions each."""
+    rng = np.random.default_rng(seed)
+    b, seq, preds = size.batch_size, size.seq_length, size.max_predictions
+    lengths = rng.integers(seq // 2, seq + 1, size=b)
+    input_mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    input_ids = rng.integers(5, size.vocab_size, size=(b, seq)).astype(np.int32) * input_mask
+    segment_ids = ((np.arange(seq)[None] >= lengths[:, None] // 2) * input_mask).astype(np.int32)
+    positions = np.stack(
+        [np.sort(rng.choice(np.arange(1, seq // 2), preds, replace=False)) for _ in range(b)]
+    ).astype(np.int32)
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": rng.integers(5, size.vocab_size, size=(b, preds)).astype(np.int32),
+        "masked_lm_weights": np.ones((b, preds), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, size=(b,)).astype(np.int32),
+    }
+
+
+def ours_bert_step(size: BertSize, einsum_gather: bool) -> Callable[[], Any]:
+    """Our compiled BERT train step on one device; returns a closure running one step."""
+    from configs.bert import get_config
+    from mlperf.train import build_trainer
+
+    c = get_config("tiny")
+    c.model.update(
+        vocab_size=size.vocab_size,
+        hidden_size=size.hidden_size,
+        num_layers=size.num_layers,
+        num_heads=size.num_heads,
+        mlp_dim=size.mlp_dim,
+        max_position=max(size.seq_length, 64),
+        dropout_rate=size.dropout_rate,
+    )
+    c.data.update(
+        seq_length=size.seq_length, max_predictions=size.max_predictions, vocab_size=size.vocab_size
+    )
+    c.einsum_gather = einsum_gather
+    c.precision.compute_dtype = "float32"
+    c.optimizer.update(name="adamw", learning_rate=1e-4, warmup_steps=0, weight_decay=0.01)
+    c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
+    c.mesh.ici_shape = (1, 1)
+    trainer = build_trainer(c, devices=jax.devices()[:1], prepare_data=False)
+    phase = trainer.phases[0]
+    layout = trainer.partitioner.data_layout(phase.global_batch_size)
+    compiled = trainer.lower_train_step(phase).compile()
+    box = {"state": trainer.init_state()}
+    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
+    batch = trainer.partitioner.host_to_global(synthetic_bert_batch(size), layout)
+
+    def step():
+        box["state"], metrics = compiled(box["state"], batch, key)
+        return jax.block_until_ready(metrics["loss"])
+
+    return step
+
+
+def hf_bert_step(size: BertSize, gathered_head: bool = False) -> Callable[[], Any]:
+    """Hugging Face BertForPreTraining + torch AdamW; returns a closure running one step.
+
+    `gathered_head=False`: the stock model with MLM labels (-100 off the masked
+    positions), whose head runs over all L positions. `True`: the same modules, with the
+    masked-LM head applied to the P masked positions only, as ours and the MLPerf
+    reference do, so both sides do the same FLOPs.
+    """
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=size.vocab_size,
+        hidden_size=size.hidden_size,
+        num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads,
+        intermediate_size=size.mlp_dim,
+        hidden_act="gelu",
+        hidden_dropout_prob=size.dropout_rate,
+        attention_probs_dropout_prob=size.dropout_rate,
+        max_position_embeddings=max(size.seq_length, 64),
+        type_vocab_size=2,
+    )
+    model = transformers.BertForPreTraining(config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    b = synthetic_bert_batch(size)
+    inputs = {
+        "input_ids": torch.from_numpy(b["input_ids"].astype(np.int64)),
+        "attention_mask": torch.from_numpy(b["input_mask"].astype(np.int64)),
+        "token_type_ids": torch.from_numpy(b["segment_ids"].astype(np.int64)),
+    }
+    nsp_labels = torch.from_numpy(b["next_sentence_labels"].astype(np.int64))
+    positions = torch.from_numpy(b["masked_lm_positions"].astype(np.int64))
+    mlm_ids = torch.from_numpy(b["masked_lm_ids"].astype(np.int64))
+    labels = np.full(b["input_ids"].shape, -100, np.int64)
+    np.put_along_axis(labels, b["masked_lm_positions"], b["masked_lm_ids"], axis=1)
+    labels = torch.from_numpy(labels)
+    rows = torch.arange(size.batch_size)[:, None]
+
+    def loss_stock():
+        return model(**inputs, labels=labels, next_sentence_label=nsp_labels).loss
+
+    def loss_gathered():
+        sequence, pooled = model.bert(**inputs)[:2]
+        mlm_logits, nsp_logits = model.cls(sequence[rows, positions], pooled)
+        ce = torch.nn.functional.cross_entropy
+        return ce(mlm_logits.flatten(0, 1), mlm_ids.flatten()) + ce(nsp_logits, nsp_labels)
+
+    loss_fn = loss_gathered if gathered_head else loss_stock
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def alternate(
+    sides: dict[str, Callable[[], Any]], batch_size: int, rounds: int, steps: int, warmup: int
+) -> dict[str, list[float]]:
+    """Samples/s per round of each side, timed A B A B; warm-up rounds dropped."""
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    for r in range(warmup + rounds):
+        for name, step in sides.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            elapsed = time.perf_counter() - start
+            if r >= warmup:
+                rates[name].append(steps * batch_size / elapsed)
+    return rates
+
+
+def compare(
+    label: str,
+    sides: dict[str, Callable[[], Any]],
+    batch_size: int,
+    rounds: int,
+    steps: int,
+    warmup: int = 1,
+) -> list[dict[str, Any]]:
+    """One row per peer: median samples/s of ours (the first side) and of that peer,
+    their ratio, and every round's rates. All sides alternate in the same rounds."""
+    rates = alternate(sides, batch_size, rounds, steps, warmup)
+    ours, *peers = list(sides)
+    med = {name: statistics.median(r) for name, r in rates.items()}
+    return [
+        {
+            "comparison": label,
+            "ours": ours,
+            "peer": peer,
+            "batch_size": batch_size,
+            "ours_samples_per_s": med[ours],
+            "peer_samples_per_s": med[peer],
+            "ratio": med[ours] / med[peer],
+            "rounds": {ours: rates[ours], peer: rates[peer]},
+        }
+        for peer in peers
+    ]
+
+
+def bench_bert(
+    size: BertSize, rounds: int, steps: int, einsum_gather: bool
+) -> list[dict[str, Any]]:
+    """Our BERT against Hugging Face's (stock, and with the head on masked positions)."""
+    sides = {
+        "ours": ours_bert_step(size, einsum_gather),
+        "hf_bert": hf_bert_step(size),
+        "hf_bert_gathered": hf_bert_step(size, gathered_head=True),
+    }
+    rows = compare(f"bert:{size.name}", sides, size.batch_size, rounds, steps)
+    for row in rows:
+        row["size"] = dataclasses.asdict(size)
+        row["einsum_gather"] = einsum_gather
+    return rows
+
+
+_TRANSFORMER_MODEL = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlperf", "transformer", "model.py"
+)
+
+
+def bench_transformer(sizes: list[str], rounds: int, steps: int) -> list[dict[str, Any]]:
+    """Our Transformer against torch.nn.Transformer (added once the model lands)."""
+    raise NotImplementedError("the Transformer peer comparison is not written yet")
+
+
+def run_peers(
+    models: list[str], sizes: list[str], rounds: int, steps: int, einsum_gather: bool
+) -> list[dict[str, Any]]:
+    """Every requested comparison; a model whose code is not in the repo is skipped with a
+    note row (the Transformer lands separately)."""
+    unknown = [s for s in sizes if s not in BERT_SIZES]
+    if unknown:
+        raise ValueError(f"unknown peer sizes {unknown}; choose from {sorted(BERT_SIZES)}.")
+    rows = []
+    for model in models:
+        if model == "bert":
+            for s in sizes:
+                rows += bench_bert(BERT_SIZES[s], rounds, steps, einsum_gather)
+        elif model == "transformer":
+            if not os.path.exists(_TRANSFORMER_MODEL):
+                print(f"transformer: skipped, {_TRANSFORMER_MODEL} is not in this checkout yet")
+                continue
+            rows += bench_transformer(sizes, rounds, steps)
+        else:
+            raise ValueError(f"unknown peer model {model!r}; choose bert or transformer.")
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Fixed-width table: comparison, batch, samples/s of both sides, ratio."""
+    lines = [
+        f"{'comparison':<20} {'batch':>5} {'ours/s':>10} {'peer':<18} {'peer/s':>10} {'ratio':>6}"
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['comparison']:<20} {r['batch_size']:>5} {r['ours_samples_per_s']:>10.1f} "
+            f"{r['peer']:<18} {r['peer_samples_per_s']:>10.1f} {r['ratio']:>5.2f}x"
+        )
+    return "\n".join(lines)

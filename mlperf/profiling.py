@@ -1,0 +1,85 @@
+"""A `jax.profiler` trace of a window of train steps: `--profile_steps=a:b`.
+
+    window = ProfileWindow("10:13", workdir)      # steps 10, 11, 12 (half-open, like a slice)
+    for step in ...:                                # step = index of the step about to run
+        window.before_step(step)
+        state, metrics = train_step(state, batch, key)
+        window.after_step(step, metrics)
+    window.close()                                  # stops a trace the run ended inside
+
+The trace goes to workdir/profile (TensorBoard's profile plugin or Perfetto / xprof
+read it). Steps are dispatched asynchronously, so the window blocks on the last
+step's outputs before stopping: the trace then holds the device work of every step
+in the window, not only its dispatch.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+SUBDIR = "profile"
+
+
+def parse_steps(spec: str) -> tuple[int, int] | None:
+    """'a:b' -> (a, b) with 0 <= a < b; '' -> None (no profiling)."""
+    if not spec:
+        return None
+    parts = spec.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        start, stop = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise ValueError(
+            f"--profile_steps={spec!r} is not 'a:b'; give two step numbers, e.g. 10:13 "
+            "to trace steps 10, 11 and 12."
+        ) from None
+    if not 0 <= start < stop:
+        raise ValueError(f"--profile_steps={spec!r} needs 0 <= a < b (steps a..b-1 are traced).")
+    return start, stop
+
+
+class ProfileWindow:
+    """Starts a `jax.profiler` trace before step a and stops it after step b-1."""
+
+    def __init__(self, spec: str, workdir: str, enabled: bool = True):
+        self.window = parse_steps(spec)
+        self.logdir = os.path.join(workdir, SUBDIR)
+        self.enabled = enabled and self.window is not None
+        self.active = False
+        self.done = False
+
+    def before_step(self, step: int) -> None:
+        """Call with the index of the step about to run."""
+        if self.enabled and not self.active and not self.done and step == self.window[0]:
+            os.makedirs(self.logdir, exist_ok=True)
+            jax.profiler.start_trace(self.logdir)
+            self.active = True
+
+    def after_step(self, step: int, outputs: Any = None) -> None:
+        """Call with the same index once the step is dispatched; pass its outputs so the
+        trace waits for their device work."""
+        if self.active and step >= self.window[1] - 1:
+            self._stop(outputs)
+
+    def close(self, outputs: Any = None) -> None:
+        """Stops a trace still running (the run ended inside the window)."""
+        if self.active:
+            self._stop(outputs)
+
+    def _stop(self, outputs: Any) -> None:
+        if outputs is not None:
+            jax.block_until_ready(outputs)
+        jax.profiler.stop_trace()
+        self.active = False
+        self.done = True
+
+    def trace_files(self) -> list[str]:
+        """The trace files written so far (xplane protobufs)."""
+        found = []
+        for root, _, files in os.walk(self.logdir):
+            found += [os.path.join(root, f) for f in files if f.endswith(".xplane.pb")]
+        return sorted(found)
