@@ -317,6 +317,7 @@ def _define_flags() -> dict[str, Any]:
         "bpd": flags.DEFINE_integer("batch_per_device", 32, "--cluster: examples per device."),
         "micro": flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps."),
         "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
+        "proxy": flags.DEFINE_string("proxy", "", "--honesty: per-core proxy slice, e.g. v3:4x4."),
         "json": flags.DEFINE_bool("json", False, "Print JSON instead of a table."),
         "plot": flags.DEFINE_string("plot", "", "Write a PNG: step time and memory per candidate."),
     }
@@ -333,7 +334,7 @@ def main(argv: list[str]) -> None:
     from parallel.topology import TopologyError, get_topology, topology_for_chips
 
     if f["honesty"]:
-        rows = plan_reports.honesty_rows()
+        rows = plan_reports.honesty_rows(f["proxy"])
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.honesty_table(rows))
         return
     config = f["config"]
