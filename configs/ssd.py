@@ -141,6 +141,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     c.variant = arg
     if arg == "tiny":
         _slim(c)
+        c.model.num_classes = 4  # 3 shapes + background (set, so inspect needs no data)
         c.data.update(dataset="shapes", shapes_images=1024, shapes_image_size=128, eval_count=64)
         c.optimizer.update(
             name="adam", learning_rate=3e-3, warmup_steps=20, power=1.0, l2_weight_decay=0.0
@@ -167,6 +168,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             split_seed=0,
             categories=("person",),
         )
+        c.model.num_classes = 2  # person + background
         c.optimizer.update(
             name="adam", learning_rate=3e-3, warmup_steps=20, power=1.0, l2_weight_decay=0.0
         )
@@ -191,7 +193,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             eval_images_dir="val2017",
             train_examples=117266,
         )
-        c.model.update(bn_group_size=16, spatial_partitions=4)
+        c.model.update(num_classes=81, bn_group_size=16, spatial_partitions=4)
         c.mesh.ici_shape = (-1, 4)
         c.parallel.rules = SPATIAL_RULES
         c.optimizer.update(
