@@ -145,19 +145,21 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         c.data.update(source="shapes", image_size=64, shapes_images=448, eval_count=64)
         c.train.update(
             global_batch_size=16,
-            steps=600,
-            eval_every_samples=16 * 100,
+            steps=400,
+            eval_every_samples=16 * 50,
             eval_batch_size=64,
             log_every_steps=25,
-            target=0.30,  # placeholder until measured; see README
-            mask_target=0.30,
+            # Measured (500-step schedule): box/mask mAP 0.15/0.16 at step 100, 0.51/0.53
+            # at step 200; untrained 0.001. See README "Mask R-CNN".
+            target=0.45,
+            mask_target=0.45,
         )
     elif arg == "coco128":
         c.data.update(
             source="coco",
-            data_dir="../shared/data/coco128_seg",
-            annotations="annotations/instances_train2017.json",
-            images_dir="images",
+            data_dir="../shared/data",
+            annotations="coco128_seg/annotations/instances_train2017.json",
+            images_dir="coco128_seg/images",
             eval_annotations="",
             eval_images_dir="",
             eval_count=32,

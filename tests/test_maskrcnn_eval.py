@@ -62,3 +62,17 @@ def test_ground_truth_detections_score_high(task):
 def test_wrong_classes_score_low(task):
     m = _metrics(task, shift_class=1)
     assert m[BOX_AP] < 0.05 and m[MASK_AP] < 0.05, m
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("maskrcnn_e2e")
+def test_tiny_run_reaches_both_targets(tmp_path):
+    """The documented tiny targets (box and mask mAP) within the tiny step budget."""
+    from mlperf.train import run
+
+    c = get_config("tiny")
+    c.data.cache_dir = str(tmp_path / "cache")
+    result = run(c, str(tmp_path / "run"))
+    assert result["reached_target"], result["eval"]
+    assert result["eval"][BOX_AP] >= c.train.target
+    assert result["eval"][MASK_AP] >= c.train.mask_target
