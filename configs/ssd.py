@@ -173,6 +173,10 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             name="adam", learning_rate=3e-3, warmup_steps=20, power=1.0, l2_weight_decay=0.0
         )
         c.eval.update(pre_nms_top_k=100, max_detections=50)
+        # Measured (300 steps, from scratch, 128 px): held-out person mAP stays at
+        # 0.0011-0.0017 (AP50 <= 0.008, AR100 0.04-0.05) while the train loss falls to
+        # 1.3: 96 images do not teach a from-scratch backbone to generalise. Not yet a
+        # quality run; a pretrained backbone (not available offline) or more data is needed.
         c.train.update(
             global_batch_size=32,
             steps=400,
