@@ -124,9 +124,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         c.precision.compute_dtype = "float32"
         c.data.tiny_eval_pairs = 128
         c.optimizer.update(schedule="linear", learning_rate=3e-3, warmup_steps=50)
-        # Measured (lr 3e-3, linear decay over 500 steps, 256 eval pairs): BLEU 2.0 at
-        # step 100, 51.3 at step 200, 100.0 at step 300 (token accuracy 1.0). The target
-        # sits on the steep part of the curve, so it is reached at ~250 steps.
+        # Measured (this config, 128 eval pairs): BLEU 0.0 / 1.4 / 5.2 / 31.3 / 77.3 / 89.9
+        # at steps 50 / 100 / 150 / 200 / 250 / 300 (token accuracy 0.98 at 300); 100.0
+        # by step 300 in a 500-step run. The target sits past the steep part of the curve.
         c.train.update(
             global_batch_size=32,
             steps=600,
