@@ -32,14 +32,14 @@ format: $(STAMP)
 
 # Time-to-accuracy runs that CI checks: every model's tiny run, and BERT wikitext when the data exists.
 quality: $(STAMP)
-	$(CPU_ENV) $(PY) -m launch.quality --runs bert:tiny --workdir $(WORKDIR)/quality
+	$(CPU_ENV) $(PY) -m launch.quality --runs bert:tiny,transformer:tiny,ssd:tiny,maskrcnn:tiny --workdir $(WORKDIR)/quality
 	@if [ -d "$(DATA_DIR)" ]; then \
 	  $(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality; \
 	else echo "quality: $(DATA_DIR) not found, skipping real-data runs"; fi
 
 # Real-data runs (minutes each); results go in README.md.
 quality-real: $(STAMP)
-	$(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality-real
+	$(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext,transformer:multi30k,ssd:coco128,maskrcnn:coco128 --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality-real
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,8 +39,8 @@ def run_one(benchmark: str, variant: str, workdir: str, data_dir: str, extra: li
     print(f"\n=== {benchmark}:{variant}: {' '.join(cmd[1:])}", flush=True)
     start = time.time()
     result_path = os.path.join(workdir, "result.json")
-    if os.path.exists(result_path):
-        os.remove(result_path)
+    # A fresh start: a left-over checkpoint would make launch.train resume the old run.
+    shutil.rmtree(workdir, ignore_errors=True)
     code = subprocess.call(cmd)
     wall = time.time() - start
     if not os.path.exists(result_path):
