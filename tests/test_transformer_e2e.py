@@ -101,7 +101,7 @@ def _train(workdir, cache, processes: int, devices: int) -> dict:
             *train,
         ]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=900
+        cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=1800
     )
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((workdir / "result.json").read_text())
