@@ -261,6 +261,10 @@ class Checkpointer:
         """Starts writing a checkpoint of `state` at `step` (returns once the arrays are
         copied off the devices; the files are written in the background)."""
         self.wait()  # orbax would wait for the previous save here anyway
+        if jax.devices()[0].platform == "cpu":
+            # On CPU orbax's "host copy" of an array may alias its device buffer, which the
+            # next (donating) train step overwrites while the background write runs.
+            state = jax.tree.map(lambda x: x.copy(), state)
         meta = {**meta, "shapes": leaf_shapes(state), "process_count": jax.process_count()}
         meta = json.loads(json.dumps(meta, default=_plain))  # numpy values -> JSON
         best = None
