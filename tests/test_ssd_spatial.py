@@ -83,6 +83,7 @@ def reference():
     return batch, losses, params
 
 
+@pytest.mark.slow  # three train-step compiles: ~25 min on the loaded 2-core machine
 @pytest.mark.parametrize("ici_shape", [(1, 8), (2, 4)])
 def test_spatially_partitioned_train_steps_equal_unpartitioned(reference, ici_shape):
     batch, ref_losses, ref_params = reference
@@ -105,6 +106,7 @@ def test_spatially_partitioned_train_steps_equal_unpartitioned(reference, ici_sh
     assert worst <= 0, f"parameters differ beyond tolerance by {worst:.2e}"
 
 
+@pytest.mark.slow
 def test_eval_outputs_equal_under_spatial_partitioning(reference):
     from mlperf.ssd.task import SsdTask
 
