@@ -141,7 +141,7 @@ def _run(workdir, cache, processes: int, devices: int) -> list[dict]:
             *train,
         ]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=900
+        cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=2400
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
