@@ -262,8 +262,10 @@ class Checkpointer:
         copied off the devices; the files are written in the background)."""
         self.wait()  # orbax would wait for the previous save here anyway
         if jax.devices()[0].platform == "cpu":
-            # On CPU orbax's "host copy" of an array may alias its device buffer, which the
-            # next (donating) train step overwrites while the background write runs.
+            # On CPU orbax's "host copy" of an array is a zero-copy view of its device
+            # buffer; a private copy keeps the background write off the buffers that the
+            # next (donating) train step receives. Defensive: JAX did not reuse a viewed
+            # buffer in our checks, but nothing promises it.
             state = jax.tree.map(lambda x: x.copy(), state)
         meta = {**meta, "shapes": leaf_shapes(state), "process_count": jax.process_count()}
         meta = json.loads(json.dumps(meta, default=_plain))  # numpy values -> JSON
