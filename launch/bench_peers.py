@@ -5,7 +5,10 @@
 BERT: our `mlperf.bert` pretraining step against Hugging Face `BertForPreTraining`
 at the same size, batch, dtype (fp32), dropout and optimizer (AdamW), both from random
 init on the same synthetic batch. Transformer: our `mlperf.transformer` against
-`torch.nn.Transformer` with the same dimensions (when that model exists).
+`torch.nn.Transformer` with the same dimensions (pre-LN, ReLU, shared embedding tied to
+the output projection, sinusoidal positions, label smoothing 0.1, Adam), one padded
+sentence pair per row. Ours uses gathers for lookups, the CPU choice of the configs
+(`einsum_gather=False`; `--peer_einsum_gather` times the TPU one-hot path for BERT).
 
 The two sides alternate A B A B in one process, so machine load that comes and goes
 (the CPUs are shared) hits both alike; each round times `steps` train steps of each
@@ -110,18 +113,7 @@ def ours_bert_step(size: BertSize, einsum_gather: bool) -> Callable[[], Any]:
     c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
     c.mesh.ici_shape = (1, 1)
     trainer = build_trainer(c, devices=jax.devices()[:1], prepare_data=False)
-    phase = trainer.phases[0]
-    layout = trainer.partitioner.data_layout(phase.global_batch_size)
-    compiled = trainer.lower_train_step(phase).compile()
-    box = {"state": trainer.init_state()}
-    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
-    batch = trainer.partitioner.host_to_global(synthetic_bert_batch(size), layout)
-
-    def step():
-        box["state"], metrics = compiled(box["state"], batch, key)
-        return jax.block_until_ready(metrics["loss"])
-
-    return step
+    return _our_step(trainer, synthetic_bert_batch(size))
 
 
 def hf_bert_step(size: BertSize, gathered_head: bool = False) -> Callable[[], Any]:
@@ -250,9 +242,158 @@ _TRANSFORMER_MODEL = os.path.join(
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class TransformerSize:
+    """One Transformer comparison point (one sentence pair per row, padded)."""
+
+    name: str
+    vocab_size: int
+    emb_dim: int
+    num_heads: int
+    num_layers: int
+    mlp_dim: int
+    length: int
+    batch_size: int
+    dropout_rate: float
+
+
+TRANSFORMER_SIZES = {
+    # configs/transformer.py:tiny's model, row length and global batch.
+    "tiny": TransformerSize("tiny", 128, 64, 4, 2, 256, 64, 32, 0.0),
+    # Transformer-base (6+6 layers, 512/2048/8), rows of 64 tokens, a CPU-sized batch.
+    "base": TransformerSize("base", 32768, 512, 8, 6, 2048, 64, 8, 0.1),
+}
+
+
+def synthetic_translation_batch(size: TransformerSize, seed: int = 0) -> dict[str, np.ndarray]:
+    """One pair per row, padded: the packed fields with segment 1 and positions 0..n-1."""
+    rng = np.random.default_rng(seed)
+    b, length = size.batch_size, size.length
+    out = {}
+    for side in ("inputs", "targets"):
+        lengths = rng.integers(length // 2, length + 1, size=b)
+        real = np.arange(length)[None] < lengths[:, None]
+        out[side] = (rng.integers(2, size.vocab_size, size=(b, length)) * real).astype(np.int32)
+        out[f"{side}_segmentation"] = real.astype(np.int32)
+        out[f"{side}_position"] = (np.arange(length)[None] * real).astype(np.int32)
+    return out
+
+
+def ours_transformer_step(size: TransformerSize) -> Callable[[], Any]:
+    """Our compiled Transformer train step on one device (gathers, the CPU choice)."""
+    from configs.transformer import get_config
+    from mlperf.train import build_trainer
+
+    c = get_config("tiny")
+    c.model.update(
+        emb_dim=size.emb_dim,
+        num_heads=size.num_heads,
+        num_layers=size.num_layers,
+        mlp_dim=size.mlp_dim,
+        dropout_rate=size.dropout_rate,
+        attention_dropout_rate=size.dropout_rate,
+    )
+    c.data.update(vocab_size=size.vocab_size, max_length=size.length)
+    c.einsum_gather = False
+    c.precision.compute_dtype = "float32"
+    c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
+    c.mesh.ici_shape = (1, 1)
+    trainer = build_trainer(c, devices=jax.devices()[:1], prepare_data=False)
+    return _our_step(trainer, synthetic_translation_batch(size))
+
+
+def _our_step(trainer, host_batch: dict[str, np.ndarray]) -> Callable[[], Any]:
+    phase = trainer.phases[0]
+    layout = trainer.partitioner.data_layout(phase.global_batch_size)
+    compiled = trainer.lower_train_step(phase).compile()
+    box = {"state": trainer.init_state()}
+    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
+    batch = trainer.partitioner.host_to_global(host_batch, layout)
+
+    def step():
+        box["state"], metrics = compiled(box["state"], batch, key)
+        return float(jax.block_until_ready(metrics["loss"]))
+
+    return step
+
+
+def torch_transformer_step(size: TransformerSize) -> Callable[[], Any]:
+    """torch.nn.Transformer (pre-LN, ReLU, same dims) with a shared embedding tied to the
+    output projection, sinusoidal positions, label-smoothed loss, torch Adam."""
+    import math
+
+    import torch
+
+    torch.manual_seed(0)
+    d = size.emb_dim
+    core = torch.nn.Transformer(
+        d_model=d,
+        nhead=size.num_heads,
+        num_encoder_layers=size.num_layers,
+        num_decoder_layers=size.num_layers,
+        dim_feedforward=size.mlp_dim,
+        dropout=size.dropout_rate,
+        activation="relu",
+        batch_first=True,
+        norm_first=True,
+    )
+    embed = torch.nn.Embedding(size.vocab_size, d)
+    torch.nn.init.normal_(embed.weight, std=0.02)  # as ours: small tied logits at init
+    params = list(core.parameters()) + list(embed.parameters())
+    optimizer = torch.optim.Adam(params, lr=1e-4)
+    b = {
+        k: torch.from_numpy(v.astype(np.int64))
+        for k, v in synthetic_translation_batch(size).items()
+    }
+    half = d // 2
+    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half) / max(half - 1, 1))
+
+    def embed_at(tokens, positions):
+        angles = positions.float()[..., None] * inv_freq
+        pos = torch.cat([torch.sin(angles), torch.cos(angles)], -1)
+        return embed(tokens) * math.sqrt(d) + pos
+
+    decoder_in = torch.nn.functional.pad(b["targets"], (1, 0))[:, :-1]
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(size.length)
+    src_pad, tgt_pad = b["inputs_segmentation"] == 0, b["targets_segmentation"] == 0
+    weights = (~tgt_pad).float()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        y = core(
+            embed_at(b["inputs"], b["inputs_position"]),
+            embed_at(decoder_in, b["targets_position"]),
+            tgt_mask=causal,
+            src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
+        logits = y @ embed.weight.T
+        xent = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), b["targets"].flatten(), reduction="none", label_smoothing=0.1
+        )
+        loss = (xent * weights.flatten()).sum() / weights.sum()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
 def bench_transformer(sizes: list[str], rounds: int, steps: int) -> list[dict[str, Any]]:
-    """Our Transformer against torch.nn.Transformer (added once the model lands)."""
-    raise NotImplementedError("the Transformer peer comparison is not written yet")
+    """Our Transformer against torch.nn.Transformer at each size."""
+    rows = []
+    for name in sizes:
+        size = TRANSFORMER_SIZES[name]
+        sides = {
+            "ours": ours_transformer_step(size),
+            "torch_transformer": torch_transformer_step(size),
+        }
+        for row in compare(f"transformer:{name}", sides, size.batch_size, rounds, steps):
+            row["size"] = dataclasses.asdict(size)
+            rows.append(row)
+    return rows
 
 
 def run_peers(

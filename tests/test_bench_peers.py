@@ -1,0 +1,66 @@
+"""launch.bench peers: one round of each comparison at small sizes (no timing asserted)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from launch import bench_peers as bp
+
+BERT = bp.BertSize("test", 96, 32, 1, 4, 64, 16, 4, 8, 0.0)
+TRANSFORMER = bp.TransformerSize("test", 128, 32, 4, 1, 64, 16, 8, 0.0)
+
+
+@pytest.fixture(scope="module")
+def bert_sides():
+    return {
+        "ours": bp.ours_bert_step(BERT, einsum_gather=False),
+        "hf_bert": bp.hf_bert_step(BERT),
+        "hf_bert_gathered": bp.hf_bert_step(BERT, gathered_head=True),
+    }
+
+
+@pytest.mark.xdist_group("bench_peers")
+def test_bert_sides_train_the_same_task(bert_sides):
+    # From a small random init both predict ~uniformly: MLM + NSP loss ~ ln V + ln 2.
+    chance = math.log(BERT.vocab_size) + math.log(2)
+    losses = {name: step() for name, step in bert_sides.items()}
+    for name, loss in losses.items():
+        assert loss == pytest.approx(chance, rel=0.05), name
+    # A second step on the same batch lowers the loss on every side: they all train.
+    for name, step in bert_sides.items():
+        assert step() < losses[name], name
+
+
+@pytest.mark.xdist_group("bench_peers")
+def test_bert_one_round_table(bert_sides):
+    rows = bp.compare("bert:test", bert_sides, BERT.batch_size, rounds=1, steps=1, warmup=0)
+    assert [r["peer"] for r in rows] == ["hf_bert", "hf_bert_gathered"]
+    for r in rows:
+        assert r["ours_samples_per_s"] > 0 and r["peer_samples_per_s"] > 0
+        assert r["ratio"] == pytest.approx(r["ours_samples_per_s"] / r["peer_samples_per_s"])
+        assert all(len(v) == 1 for v in r["rounds"].values())
+    text = bp.table(rows)
+    assert "bert:test" in text and "hf_bert_gathered" in text
+
+
+@pytest.mark.xdist_group("bench_peers")
+def test_transformer_one_round():
+    ours = bp.ours_transformer_step(TRANSFORMER)
+    peer = bp.torch_transformer_step(TRANSFORMER)
+    # Ours reports the smoothed loss minus the soft targets' entropy (0 = perfect).
+    v, s = TRANSFORMER.vocab_size, 0.1
+    entropy = -((1 - s) * math.log(1 - s) + s * math.log(s / (v - 1)))
+    ours_loss, peer_loss = ours(), peer()
+    assert ours_loss + entropy == pytest.approx(peer_loss, rel=0.05)
+    assert peer_loss == pytest.approx(math.log(v), rel=0.05)
+    rows = bp.compare("transformer:test", {"ours": ours, "torch": peer}, 8, 1, 1, warmup=0)
+    assert rows[0]["peer"] == "torch" and rows[0]["ratio"] > 0
+
+
+def test_unknown_sizes_and_models_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown peer sizes"):
+        bp.run_peers(["bert"], ["huge"], 1, 1, False)
+    with pytest.raises(ValueError, match="unknown peer model"):
+        bp.run_peers(["resnet"], ["tiny"], 1, 1, False)
