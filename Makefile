@@ -19,6 +19,7 @@ venv: $(STAMP)
 
 # The main job: tiny BERT time-to-accuracy run on 8 fake CPU devices (2x4 data x model mesh).
 run: $(STAMP)
+	rm -rf $(WORKDIR)/bert_tiny  # a fresh run: a left-over checkpoint there would be resumed
 	$(CPU_ENV) $(PY) -m launch.train --config configs/bert.py:tiny --workdir $(WORKDIR)/bert_tiny
 
 test: $(STAMP)

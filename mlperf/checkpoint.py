@@ -402,14 +402,7 @@ def reopen_mllog(path: str, size: int, enabled: bool) -> MlLog:
             )
         else:
             os.truncate(path, size)
-    log = MlLog(path, enabled=False)
-    if enabled:
-        # MlLog opens its file with mode "w"; a resumed run appends instead.
-        handler = pylogging.FileHandler(path, mode="a")
-        log._logger.addHandler(handler)
-        log._handler = handler
-        log.enabled = True
-    return log
+    return MlLog(path, enabled=enabled, append=True)
 
 
 def committed_steps(directory: str) -> list[int]:

@@ -20,7 +20,7 @@ RULESET = "0.7.0"
 class MlLog:
     """A per-run MLPerf logger writing to one file (no stdout, no global handlers)."""
 
-    def __init__(self, path: str, enabled: bool = True):
+    def __init__(self, path: str, enabled: bool = True, append: bool = False):
         self.path = path
         self.enabled = enabled
         self._logger = logging.getLogger(f"multipod.mllog.{os.path.abspath(path)}")
@@ -29,7 +29,8 @@ class MlLog:
         self._handler: logging.Handler | None = None
         if enabled:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._handler = logging.FileHandler(path, mode="w")
+            # A resumed run appends to the log its checkpoint cut back (one log per run).
+            self._handler = logging.FileHandler(path, mode="a" if append else "w")
             self._logger.addHandler(self._handler)
         self._mllogger = mllog_impl.MLLogger(logger=self._logger, default_stack_offset=2)
 
@@ -55,9 +56,12 @@ class MlLog:
         self.event(constants.SUBMISSION_POC_NAME, "multipod developers")
         self.event(constants.SUBMISSION_POC_EMAIL, "multipod@example.invalid")
 
-    def hyperparameters(self, params: dict[str, Any]) -> None:
+    def hyperparameters(
+        self, params: dict[str, Any], metadata: dict[str, dict] | None = None
+    ) -> None:
+        """One event per hyperparameter; `metadata` maps a key to its event metadata."""
         for key, value in params.items():
-            self.event(key, value)
+            self.event(key, value, metadata=(metadata or {}).get(key))
 
     def close(self) -> None:
         if self._handler is not None:

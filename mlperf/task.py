@@ -39,7 +39,10 @@ class Task(Protocol):
 
     def train_data(
         self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int
-    ) -> Iterator[dict[str, np.ndarray]]: ...
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """This host's endless batches. For exact resume the iterator has get_state() /
+        set_state() (a grain DataLoader or Dataset iterator); without them a resumed run
+        skips the batches already taken, which replays the input pipeline's work."""
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         """Name -> (per-example shape, dtype) of a training batch in this phase."""

@@ -117,7 +117,9 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     if prepare_data:
         layout0 = partitioner.data_layout(phases[0].global_batch_size)
         task.prepare(layout0.shard_index, layout0.shard_count)
-    schedule = joined_schedule(
+    # A task may bring its own schedule (the Transformer's rsqrt); else linear per phase.
+    task_schedule = getattr(task, "schedule", None)
+    schedule = (task_schedule() if task_schedule else None) or joined_schedule(
         [
             PhaseSchedule(
                 p.learning_rate,
@@ -433,7 +435,7 @@ def run(config, workdir: str) -> dict[str, Any]:
     mll.submission_info(task.benchmark, _platform_name())
     mll.event(keys.SEED, config.seed)
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
-    mll.hyperparameters(task.mllog_hparams())
+    mll.hyperparameters(task.mllog_hparams(), getattr(task, "mllog_metadata", dict)())
 
     checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
     restored = None
