@@ -117,6 +117,8 @@ class BertTask:
         m = self.config.model
         # The data's vocabulary wins; without prepared data (inspect, AOT) the config's.
         vocab = self._vocab_size or m.vocab_size or self.config.data.vocab_size
+        # A config may pad the table (30522 -> 30528) so the vocab splits over `model`.
+        vocab = max(vocab, m.vocab_size)
         return BertConfig(
             vocab_size=vocab,
             hidden_size=m.hidden_size,
