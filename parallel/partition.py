@@ -267,6 +267,18 @@ class Partitioner:
         return {k: np.asarray(v)[np.sort(keep)] for k, v in gathered.items()}
 
 
+def manual_data_axis() -> str | None:
+    """The data axis while tracing inside a shard_map manual over it, else None.
+
+    Layers whose statistics span examples (batch norm) need explicit collectives only
+    there: each replica sees just its own rows.
+    """
+    partitioner = _ACTIVE.get()
+    if partitioner is None or partitioner.data_axis not in _MANUAL.get():
+        return None
+    return partitioner.data_axis
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Places an activation by logical axes; a no-op outside an active Partitioner."""
     partitioner = _ACTIVE.get()

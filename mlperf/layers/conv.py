@@ -86,13 +86,9 @@ def _manual_data_axis() -> str | None:
     """The data mesh axis when tracing inside the train step's per-replica shard_map.
 
     Only there does a replica see just its own rows, so only there do batch statistics
-    need explicit collectives. (Reads the active Partitioner's context; a public
-    accessor in parallel/partition.py would be the cleaner home.)
+    need explicit collectives.
     """
-    p = partition._ACTIVE.get()
-    if p is None or p.data_axis not in partition._MANUAL.get():
-        return None
-    return p.data_axis
+    return partition.manual_data_axis()
 
 
 def _group_sum(local: jax.Array, rows: int, group_size: int) -> tuple[jax.Array, int]:
