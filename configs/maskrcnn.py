@@ -178,8 +178,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     elif arg == "mlperf_v07":
         # Google's MLPerf TPU Mask R-CNN run script at global batch 256 (8-way input
         # partitioning): SGD momentum 0.9, lr 0.26, 1905 warmup steps, x0.1 drops at
-        # steps 6000 and 8000. The shared optimizer has warmup + polynomial decay only:
-        # until it gains step drops, decay linearly to 0 at 9000 steps (~19.5 epochs).
+        # steps 6000 and 8000; 9000 steps (~19.5 epochs).
         c.mesh.ici_shape = (-1, 8)
         c.parallel.rules = (("height", "model"),)
         c.optimizer.update(
@@ -188,6 +187,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             learning_rate=0.26,
             warmup_steps=1905,
             decay_steps=9000,
+            lr_drop_steps=(6000, 8000),
+            lr_drop_factor=0.1,
             l2_weight_decay=1e-4,
         )
         c.train.update(

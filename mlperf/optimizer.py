@@ -24,14 +24,29 @@ class PhaseSchedule:
     steps: int
     power: float = 1.0
     end_learning_rate: float = 0.0
+    # Step drops (Mask R-CNN, SSD): after warmup the rate stays constant and is
+    # multiplied by `drop_factor` at each of these phase steps, instead of decaying.
+    drop_steps: tuple[int, ...] = ()
+    drop_factor: float = 0.1
 
 
 def phase_schedule(p: PhaseSchedule) -> optax.Schedule:
-    """Linear warmup from 0 to lr, then polynomial decay to `end_learning_rate`."""
+    """Linear warmup from 0 to lr, then polynomial decay to `end_learning_rate` (or
+    step drops when `drop_steps` is set)."""
     warmup = optax.linear_schedule(0.0, p.learning_rate, max(p.warmup_steps, 1))
-    decay = optax.polynomial_schedule(
-        p.learning_rate, p.end_learning_rate, p.power, max(p.decay_steps - p.warmup_steps, 1)
-    )
+    if p.drop_steps:
+        if any(s <= p.warmup_steps for s in p.drop_steps):
+            raise ValueError(
+                f"optimizer.lr_drop_steps={tuple(p.drop_steps)} must all come after the "
+                f"{p.warmup_steps} warmup steps."
+            )
+        decay = optax.piecewise_constant_schedule(
+            p.learning_rate, {s - p.warmup_steps: p.drop_factor for s in p.drop_steps}
+        )
+    else:
+        decay = optax.polynomial_schedule(
+            p.learning_rate, p.end_learning_rate, p.power, max(p.decay_steps - p.warmup_steps, 1)
+        )
     if p.warmup_steps <= 0:
         return decay
     return optax.join_schedules([warmup, decay], [p.warmup_steps])

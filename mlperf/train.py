@@ -126,7 +126,9 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
                 p.warmup_steps,
                 p.decay_steps,
                 p.steps,
-                power=config.optimizer.power,
+                power=config.optimizer.get("power", 1.0),
+                drop_steps=tuple(config.optimizer.get("lr_drop_steps", ())),
+                drop_factor=config.optimizer.get("lr_drop_factor", 0.1),
             )
             for p in phases
         ]

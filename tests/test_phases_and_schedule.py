@@ -7,7 +7,7 @@ import pytest
 
 from configs.bert import get_config
 from mlperf.bert.task import BertTask
-from mlperf.optimizer import PhaseSchedule, joined_schedule
+from mlperf.optimizer import PhaseSchedule, joined_schedule, phase_schedule
 from mlperf.validate import ConfigError, validate
 
 
@@ -65,3 +65,12 @@ def test_bad_configs_fail_with_the_value_and_the_fix(overrides, message):
         c[section][name] = value
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate(c, 8)
+
+
+def test_step_drops_after_warmup():
+    # Mask R-CNN's v0.7 schedule: warmup to 0.26, x0.1 at steps 6000 and 8000.
+    sched = phase_schedule(PhaseSchedule(0.26, 1905, 9000, 9000, drop_steps=(6000, 8000)))
+    values = [float(sched(s)) for s in (0, 1905, 5999, 6000, 7999, 8000, 8999)]
+    np.testing.assert_allclose(values, [0, 0.26, 0.26, 0.026, 0.026, 0.0026, 0.0026], rtol=1e-5)
+    with pytest.raises(ValueError, match="after the 100 warmup steps"):
+        phase_schedule(PhaseSchedule(0.1, 100, 0, 500, drop_steps=(50,)))
