@@ -78,16 +78,20 @@ def _check_box(ann: dict[str, Any], width: float, height: float) -> str | None:
     return None
 
 
-def _polygons(ann: dict[str, Any]) -> list[np.ndarray]:
-    """The annotation's polygons as [N, 2] arrays (RLE masks give none)."""
+def _polygons(ann: dict[str, Any]) -> tuple[list[np.ndarray], list[str]]:
+    """The annotation's polygons as [N, 2] arrays (RLE masks give none), and why any
+    polygon was dropped (fewer than 3 points, an odd coordinate count)."""
     seg = ann.get("segmentation")
     if not isinstance(seg, list):
-        return []
-    out = []
+        return [], []
+    out, dropped = [], []
     for poly in seg:
         if isinstance(poly, list) and len(poly) >= 6 and len(poly) % 2 == 0:
             out.append(np.asarray(poly, np.float32).reshape(-1, 2))
-    return out
+        else:
+            n = len(poly) if isinstance(poly, list) else 0
+            dropped.append(f"polygon dropped: {n} coordinates (needs >= 3 points as x,y pairs)")
+    return out, dropped
 
 
 def build_records(
@@ -133,7 +137,9 @@ def build_records(
                 continue
             x, y, w, h = (float(v) for v in ann["bbox"])
             box = np.clip([x / width, y / height, (x + w) / width, (y + h) / height], 0.0, 1.0)
-            for poly in _polygons(ann):
+            polygons, dropped = _polygons(ann)
+            skipped.extend((what, why) for why in dropped)
+            for poly in polygons:
                 coords.append((poly / np.array([width, height], np.float32)).reshape(-1))
                 sizes.append(len(poly))
                 owner.append(len(boxes))

@@ -92,7 +92,15 @@ def _bad_folder(tmp_path):
             {"id": 11, "image_id": 1, "category_id": 1, "bbox": [2, 3, 0, 8], "iscrowd": 0},
             {"id": 12, "image_id": 1, "category_id": 1, "bbox": [35, 3, 30, 8], "iscrowd": 0},
             {"id": 13, "image_id": 1, "category_id": 99, "bbox": [2, 3, 10, 8], "iscrowd": 0},
-            {"id": 14, "image_id": 4, "category_id": 1, "bbox": [5, 5, 10, 10], "iscrowd": 0},
+            {
+                "id": 14,
+                "image_id": 4,
+                "category_id": 1,
+                "bbox": [5, 5, 10, 10],
+                "iscrowd": 0,
+                # one usable polygon and one with two points: the short one is named
+                "segmentation": [[5, 5, 15, 5, 15, 15], [5, 5, 6, 6]],
+            },
         ],
         "categories": [{"id": 1, "name": "thing"}],
     }
@@ -101,13 +109,14 @@ def _bad_folder(tmp_path):
     return str(path), str(images)
 
 
-def test_bad_records_are_named_skipped_and_counted(tmp_path, capsys):
+def test_bad_records_are_named_skipped_and_counted(tmp_path, capsys, caplog):
     ann, images = _bad_folder(tmp_path)
     data = prepare_coco(CocoFolder(ann, images, eval_count=1), str(tmp_path / "tfds"))
     out = capsys.readouterr().out
-    assert "skipped 5 records" in out
-    for reason in ("missing image file", "undecodable image", "zero-area box"):
+    assert "skipped 6 records" in out
+    for reason in ("missing image file", "undecodable image", "zero-area box", "polygon dropped"):
         assert f"1 {reason}" in out
+    assert "annotation 14 of image 4 (good2.png): polygon dropped" in caplog.text
     assert "1 out-of-image box" in out and "1 unknown category id" in out
     records = [data.train[0], data.eval[0]]
     assert sorted(int(r["image_id"]) for r in records) == [1, 4]
