@@ -16,7 +16,7 @@ from flax import nnx
 from mlperf.layers.attention import SelfAttention
 from mlperf.layers.embedding import Embed, gather_positions
 from mlperf.layers.linear import DenseGeneral, LayerNorm, dropout, logical_param
-from mlperf.layers.mlp import MlpBlock
+from mlperf.layers.mlp import MlpBlock, gelu
 from parallel.partition import constrain
 
 
@@ -116,7 +116,7 @@ class BertForPreTraining(nnx.Module):
         masked_BxPxD = gather_positions(
             x_BxLxD, batch["masked_lm_positions"], self.cfg.einsum_gather
         )
-        h = self.mlm_norm(jax.nn.gelu(self.mlm_transform(masked_BxPxD), approximate=False))
+        h = self.mlm_norm(gelu(self.mlm_transform(masked_BxPxD)))
         mlm_logits = self.word_embeddings.attend(h).astype(jnp.float32) + self.mlm_bias[...]
         mlm_logits = constrain(mlm_logits, ("batch", None, "vocab"))
         pooled = jnp.tanh(self.pooler(x_BxLxD[:, 0]))

@@ -9,6 +9,19 @@ from flax import nnx
 from mlperf.layers.linear import DenseGeneral
 from parallel.partition import constrain
 
+_SQRT_HALF = 0.7071067811865476
+
+
+def gelu(x: jax.Array) -> jax.Array:
+    """Exact (erf) GELU, x * (1 + erf(x / sqrt 2)) / 2.
+
+    jax.nn.gelu(approximate=False) goes through erfc, which XLA's CPU backend expands
+    into exp and selects: in a profile of the tiny BERT step it took ~8% of the step, more
+    than the MLP's own matmuls. erf is a cheap rational polynomial; the two agree to
+    float32 rounding (for very negative x both give ~0).
+    """
+    return x * (0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype)))
+
 
 class MlpBlock(nnx.Module):
     """Dense(embed -> mlp), activation, Dense(mlp -> embed)."""
@@ -29,6 +42,6 @@ class MlpBlock(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         h = self.wi(x)
         # BERT uses the exact (erf) GELU; the Transformer uses ReLU.
-        h = jax.nn.gelu(h, approximate=False) if self.activation == "gelu" else jax.nn.relu(h)
+        h = gelu(h) if self.activation == "gelu" else jax.nn.relu(h)
         h = constrain(h, ("batch", "length", "mlp"))
         return self.wo(h)
