@@ -41,6 +41,9 @@ _PROCESS_ID = flags.DEFINE_integer(
 _TPU_POD = flags.DEFINE_bool(
     "tpu_pod", False, "Cloud TPU VM pod: jax.distributed.initialize() discovers the peers."
 )
+_PROFILE_STEPS = flags.DEFINE_string(
+    "profile_steps", "", "'a:b': write a jax.profiler trace of steps a..b-1 into WORKDIR/profile."
+)
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "init_timeout_s", 300, "Seconds to wait for every process to join before failing."
 )
@@ -75,7 +78,7 @@ def main(argv: list[str]) -> None:
         )
         from mlperf.train import run
 
-        result = run(_CONFIG.value, _WORKDIR.value)
+        result = run(_CONFIG.value, _WORKDIR.value, profile_steps=_PROFILE_STEPS.value)
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
         # Bad input (config values, data files, cluster coordinates): one clear line.
         if os.environ.get("MULTIPOD_DEBUG"):

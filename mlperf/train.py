@@ -32,8 +32,11 @@ from mlperf.checkpoint import (
 from mlperf.evaluate import Evaluator
 from mlperf.mllog import MlLog, keys
 from mlperf.optimizer import PhaseSchedule, build_optimizer, joined_schedule
+from mlperf.peak_flops import peak_for_devices
+from mlperf.profiling import ProfileWindow, parse_steps
 from mlperf.reporting import Progress, params_fingerprint, summary_paragraph, write_result
 from mlperf.steps import batch_abstract, make_train_step
+from mlperf.summaries import RunSummaries
 from mlperf.task import Phase, Task, target_reached
 from mlperf.tasks import get_task
 from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
@@ -175,8 +178,13 @@ class _Loop:
         workdir: str,
         checkpointer: Checkpointer | None = None,
         resumed: dict[str, Any] | None = None,
+        peak_flops_per_s: float | None = None,
+        profile_steps: str = "",
     ):
         self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
+        self.summaries = RunSummaries(workdir, enabled=is_main)
+        # Every process traces its own devices (files are named by host).
+        self.profile = ProfileWindow(profile_steps, workdir)
         self.checkpointer = checkpointer
         # One JSON object per logged step and per eval, for plots and run comparisons.
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
@@ -184,7 +192,12 @@ class _Loop:
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
         self.eval_every = _eval_interval(trainer.config, phases)
-        self.progress = Progress(self.total_steps, self.task.target_metric, enabled=is_main)
+        self.progress = Progress(
+            self.total_steps,
+            self.task.target_metric,
+            enabled=is_main,
+            peak_flops_per_s=peak_flops_per_s,
+        )
         self.step = self.samples = 0
         self.next_eval = self.eval_every
         self.eval_metrics: dict[str, float] = {}
@@ -316,6 +329,7 @@ class _Loop:
         value = self.eval_metrics[self.task.target_metric]
         self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
         self.progress.eval_done(samples, value)
+        self.summaries.eval(step, self.eval_metrics)
         self._record({"kind": "eval", "eval_samples": samples, **self.eval_metrics})
         if self.is_main:
             shown = ", ".join(
@@ -339,8 +353,16 @@ class _Loop:
             return False
         self.last_metrics = last
         self.progress.log(self.step, self.samples, self.last_metrics)
+        self.summaries.train(
+            self.step, self.last_metrics, self.progress.samples_per_s, self.progress.mfu
+        )
         self._record(
-            {"kind": "train", **self.last_metrics, "samples_per_s": self.progress.samples_per_s}
+            {
+                "kind": "train",
+                **self.last_metrics,
+                "samples_per_s": self.progress.samples_per_s,
+                "mfu": self.progress.mfu,
+            }
         )
         return True
 
@@ -356,6 +378,8 @@ class _Loop:
         try:
             return self._run(state, key, phase_runs)
         finally:
+            self.profile.close()
+            self.summaries.close()
             if self.preemption is not None:
                 self.preemption.close()
 
@@ -366,9 +390,13 @@ class _Loop:
         if not self.block_open and self.step < self.total_steps:
             self._open_block()
         for phase_index, pr in enumerate(phase_runs):
+            # Analytic FLOPs of this phase's examples, for MFU (BERT phase 2 is longer).
+            self.progress.flops_per_example = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
                 batch = partitioner.host_to_global(pr.pending, pr.layout)
+                self.profile.before_step(self.step)
                 state, metrics = pr.step_fn(state, batch, key)
+                self.profile.after_step(self.step, metrics)
                 self.step += 1
                 pr.done += 1
                 self.samples += pr.phase.global_batch_size
@@ -416,12 +444,13 @@ def _size(path: str) -> int:
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     """Trains to the target (or the step budget) and returns the result dict.
 
     With checkpoints in the work directory (a restart with the same command) the run
     continues from the newest readable one."""
     init_wall = time.time()
+    parse_steps(profile_steps)  # a bad --profile_steps fails before anything is built
     ckpt_cfg = CheckpointConfig.from_config(config, workdir)
     check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None)
     resuming = ckpt_cfg.enabled and bool(committed_steps(ckpt_cfg.directory))
@@ -475,6 +504,7 @@ def run(config, workdir: str) -> dict[str, Any]:
     )
     mll.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
     mll.event(keys.EVAL_SAMPLES, task.num_eval_examples())
+    peak = peak_for_devices()  # measured once on CPU: part of init, not of the run
     mll.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
 
@@ -490,6 +520,8 @@ def run(config, workdir: str) -> dict[str, Any]:
         workdir,
         checkpointer,
         restored.meta if restored is not None else None,
+        peak_flops_per_s=peak.flops_per_s,
+        profile_steps=profile_steps,
     )
     if restored is not None:
         loop.last_saved = restored.path
@@ -519,6 +551,8 @@ def run(config, workdir: str) -> dict[str, Any]:
         **loop.to_target,
         "run_time_s": run_time,
         "init_time_s": init_time,
+        **loop.progress.result_fields(run_time, loop.samples),
+        "peak_flops_source": peak.source,
         "train_loss": loop.last_metrics.get("loss", float("nan")),
         "eval": loop.eval_metrics,
         "mesh": mesh_shape(partitioner.mesh),
