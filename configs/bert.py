@@ -8,6 +8,14 @@ Any value can be overridden: `--config.train.global_batch_size=128`.
 
 from ml_collections import ConfigDict
 
+from configs.common import (
+    checkpoint_block,
+    mesh_block,
+    parallel_block,
+    precision_block,
+    train_block,
+)
+
 VARIANTS = ("tiny", "wikitext", "base", "large", "mlperf_v07")
 
 
@@ -53,19 +61,9 @@ def _base() -> ConfigDict:
             input_workers=0,  # grain worker processes per host (0: read in-process)
         )
     )
-    c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
-    c.parallel = ConfigDict(
-        dict(
-            weight_update_sharding=True,
-            fsdp=False,
-            # Gradient reduction over `data`: "xla" (XLA's reduce-scatter / all-reduce) or
-            # linear_pipeline, ring, tree, bidirectional_exchange (parallel/collectives.py).
-            grad_allreduce="xla",
-            grad_bucket_bytes=4 << 20,
-            grad_allreduce_chunks=0,  # linear_pipeline chunks; 0: the cost model's choice
-        )
-    )
-    c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
+    c.mesh = mesh_block()
+    c.parallel = parallel_block()
+    c.precision = precision_block()
     c.optimizer = ConfigDict(
         dict(
             name="lamb",
@@ -80,18 +78,7 @@ def _base() -> ConfigDict:
             grad_clip_norm=0.0,
         )
     )
-    c.train = ConfigDict(
-        dict(
-            global_batch_size=256,
-            microbatches=1,
-            steps=1000,
-            eval_every_samples=0,  # 0: 10 evals over the run
-            eval_batch_size=256,
-            log_every_steps=10,
-            target=0.712,  # masked-LM accuracy (MLPerf v0.7)
-            stop_at_target=True,
-        )
-    )
+    c.train = train_block(target=0.712)  # masked-LM accuracy (MLPerf v0.7)
     # Two-phase pretraining (Lin et al.): phase 2 at a longer sequence, switched once
     # `start_samples` training samples have been seen.
     c.phase2 = ConfigDict(
@@ -110,17 +97,7 @@ def _base() -> ConfigDict:
     # workdir's checkpoints/) every `every_steps` steps (0: never), after each eval
     # (`at_eval`) and on SIGTERM; the last `keep` plus the `keep_best` best by the target
     # metric are kept. A restart with the same command resumes from the newest readable one.
-    c.checkpoint = ConfigDict(
-        {
-            "enabled": True,
-            "dir": "",
-            "every_steps": 0,
-            "at_eval": True,
-            "keep": 2,
-            "keep_best": 1,
-            "async": True,
-        }
-    )
+    c.checkpoint = checkpoint_block()
     return c
 
 

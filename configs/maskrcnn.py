@@ -8,6 +8,8 @@ a data dir the user supplies; targets box mAP 0.377 and mask mAP 0.339).
 
 from ml_collections import ConfigDict
 
+from configs.common import mesh_block, parallel_block, precision_block, train_block
+
 VARIANTS = ("tiny", "coco128", "mlperf_v07")
 
 
@@ -63,20 +65,11 @@ def _base() -> ConfigDict:
             input_workers=0,
         )
     )
-    c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
-    c.parallel = ConfigDict(
-        dict(
-            weight_update_sharding=True,
-            fsdp=False,
-            grad_allreduce="xla",
-            grad_bucket_bytes=4 << 20,
-            grad_allreduce_chunks=0,
-            # Logical -> mesh overrides; (("height", "model"),) is SPATIAL_RULES: image
-            # height (backbone, FPN, RPN) split over `model`.
-            rules=(),
-        )
-    )
-    c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
+    c.mesh = mesh_block()
+    # rules: logical -> mesh overrides; (("height", "model"),) is SPATIAL_RULES: image
+    # height (backbone, FPN, RPN) split over `model`.
+    c.parallel = parallel_block(rules=())
+    c.precision = precision_block()
     c.optimizer = ConfigDict(
         dict(
             name="sgd",
@@ -94,19 +87,8 @@ def _base() -> ConfigDict:
             weight_decay=0.0,
         )
     )
-    c.train = ConfigDict(
-        dict(
-            global_batch_size=256,
-            microbatches=1,
-            steps=1000,
-            eval_every_samples=0,
-            eval_batch_size=256,
-            log_every_steps=10,
-            target=0.377,  # box mAP (MLPerf v0.7)
-            mask_target=0.339,  # mask mAP
-            stop_at_target=True,
-        )
-    )
+    # MLPerf v0.7 targets: box mAP 0.377 and mask mAP 0.339
+    c.train = train_block(target=0.377, mask_target=0.339)
     return c
 
 

@@ -9,6 +9,14 @@ folder the user supplies with --config.data.data_dir).
 
 from ml_collections import ConfigDict
 
+from configs.common import (
+    checkpoint_block,
+    mesh_block,
+    parallel_block,
+    precision_block,
+    train_block,
+)
+
 VARIANTS = ("tiny", "coco128", "mlperf_v07")
 SPATIAL_RULES = (("height", "model"),)  # parallel/rules.py SPATIAL_RULES, as config pairs
 
@@ -56,18 +64,9 @@ def _base() -> ConfigDict:
             input_workers=0,
         )
     )
-    c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
-    c.parallel = ConfigDict(
-        dict(
-            weight_update_sharding=True,
-            fsdp=False,
-            grad_allreduce="xla",
-            grad_bucket_bytes=4 << 20,
-            grad_allreduce_chunks=0,
-            rules=(),
-        )
-    )
-    c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
+    c.mesh = mesh_block()
+    c.parallel = parallel_block(rules=())
+    c.precision = precision_block()
     c.optimizer = ConfigDict(
         dict(
             name="sgd",
@@ -92,29 +91,8 @@ def _base() -> ConfigDict:
         dict(pre_nms_top_k=200, max_detections=200, nms_iou_threshold=0.5, score_threshold=0.05)
     )
     # Checkpoints (mlperf/checkpoint.py), as for BERT: at each eval, the last 2 and the best.
-    c.checkpoint = ConfigDict(
-        {
-            "enabled": True,
-            "dir": "",
-            "every_steps": 0,
-            "at_eval": True,
-            "keep": 2,
-            "keep_best": 1,
-            "async": True,
-        }
-    )
-    c.train = ConfigDict(
-        dict(
-            global_batch_size=32,
-            microbatches=1,
-            steps=1000,
-            eval_every_samples=0,
-            eval_batch_size=64,
-            log_every_steps=10,
-            target=0.23,
-            stop_at_target=True,
-        )
-    )
+    c.checkpoint = checkpoint_block()
+    c.train = train_block(global_batch_size=32, eval_batch_size=64, target=0.23)
     return c
 
 

@@ -9,6 +9,8 @@ Any value can be overridden: `--config.train.global_batch_size=64`.
 
 from ml_collections import ConfigDict
 
+from configs.common import mesh_block, parallel_block, precision_block, train_block
+
 VARIANTS = ("tiny", "multi30k", "base", "big", "mlperf_v07")
 
 
@@ -51,17 +53,9 @@ def _base() -> ConfigDict:
         )
     )
     c.eval = ConfigDict(dict(beam_size=4, length_penalty=0.6, max_extra_length=50))
-    c.mesh = ConfigDict(dict(axes=("data", "model"), ici_shape=(-1, 1), dcn_shape=(1, 1)))
-    c.parallel = ConfigDict(
-        dict(
-            weight_update_sharding=True,
-            fsdp=False,
-            grad_allreduce="xla",
-            grad_bucket_bytes=4 << 20,
-            grad_allreduce_chunks=0,
-        )
-    )
-    c.precision = ConfigDict(dict(compute_dtype="bfloat16", param_dtype="float32"))
+    c.mesh = mesh_block()
+    c.parallel = parallel_block()
+    c.precision = precision_block()
     c.optimizer = ConfigDict(
         dict(
             name="adam",
@@ -82,18 +76,8 @@ def _base() -> ConfigDict:
             grad_clip_norm=0.0,
         )
     )
-    c.train = ConfigDict(
-        dict(
-            global_batch_size=256,
-            microbatches=1,
-            steps=10000,
-            eval_every_samples=0,
-            eval_batch_size=256,
-            log_every_steps=50,
-            target=25.0,  # BLEU (sacrebleu, 0-100); logged as eval_accuracy = BLEU / 100
-            stop_at_target=True,
-        )
-    )
+    # target: BLEU (sacrebleu, 0-100); logged as eval_accuracy = BLEU / 100
+    c.train = train_block(steps=10000, log_every_steps=50, target=25.0)
     return c
 
 
