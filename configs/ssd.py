@@ -90,7 +90,6 @@ def _base() -> ConfigDict:
     c.eval = ConfigDict(
         dict(pre_nms_top_k=200, max_detections=200, nms_iou_threshold=0.5, score_threshold=0.05)
     )
-    # Checkpoints (mlperf/checkpoint.py), as for BERT: at each eval, the last 2 and the best.
     c.checkpoint = checkpoint_block()
     c.train = train_block(global_batch_size=32, eval_batch_size=64, target=0.23)
     return c
