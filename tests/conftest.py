@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -43,6 +44,40 @@ def tiny_train_command(workdir, *overrides: str) -> list[str]:
         str(workdir),
         *overrides,
     ]
+
+
+def on_processes(train: list[str], processes: int, devices: int) -> list[str]:
+    """`train` as is for one process, else under `launch.local` on N x `devices`."""
+    if processes == 1:
+        return train
+    return [
+        sys.executable,
+        "-m",
+        "launch.local",
+        f"--processes={processes}",
+        f"--devices_per_process={devices}",
+        "--",
+        *train,
+    ]
+
+
+def compliance_check(mllog) -> tuple[str, list[str]]:
+    """The official MLPerf 0.7.0 compliance checker on a log: (its output, failed checks)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlperf_logging.compliance_checker"]
+        + ["--usage", "training", "--ruleset", "0.7.0", str(mllog)],
+        cwd=os.path.dirname(str(mllog)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = proc.stdout + proc.stderr
+    failures = [
+        line
+        for line in output.splitlines()
+        if "Failed" in line or "ERROR - " in line and "FAILED" not in line
+    ]
+    return output, failures
 
 
 def small_bert_config(**overrides):

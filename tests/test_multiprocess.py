@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, cpu_env, tiny_train_command
+from conftest import REPO, cpu_env, on_processes, tiny_train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("multiprocess")]
 
@@ -27,18 +27,7 @@ OVERRIDES = [
 
 def _train(workdir, processes: int, devices: int) -> list[dict]:
     train = tiny_train_command(workdir, *OVERRIDES)
-    if processes == 1:
-        cmd = train
-    else:
-        cmd = [
-            sys.executable,
-            "-m",
-            "launch.local",
-            f"--processes={processes}",
-            f"--devices_per_process={devices}",
-            "--",
-            *train,
-        ]
+    cmd = on_processes(train, processes, devices)
     proc = subprocess.run(
         cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=600
     )

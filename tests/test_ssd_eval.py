@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import REPO, cpu_env
+from conftest import REPO, cpu_env, on_processes
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
@@ -129,17 +129,7 @@ def _run(workdir, cache, processes: int, devices: int) -> list[dict]:
         f"--config.data.cache_dir={cache}",
         *SMALL,
     ]
-    cmd = train
-    if processes > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "launch.local",
-            f"--processes={processes}",
-            f"--devices_per_process={devices}",
-            "--",
-            *train,
-        ]
+    cmd = on_processes(train, processes, devices)
     proc = subprocess.run(
         cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=2400
     )

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cpu_env
+from conftest import REPO, compliance_check, cpu_env, on_processes
 
 from configs.transformer import get_config
 from mlperf.train import run
@@ -38,29 +38,7 @@ def test_tiny_run_reaches_its_bleu_target(tiny_run):
 @pytest.mark.xdist_group("transformer_e2e")
 def test_tiny_mllog_passes_the_compliance_checker(tiny_run):
     workdir, _ = tiny_run
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlperf_logging.compliance_checker",
-            "--usage",
-            "training",
-            "--ruleset",
-            "0.7.0",
-            str(workdir / "mllog.txt"),
-        ],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = proc.stdout + proc.stderr
-    assert "transformer.yaml" in output, output  # the Transformer rules were applied
-    failures = [
-        line
-        for line in output.splitlines()
-        if "Failed" in line or "ERROR - " in line and "FAILED" not in line
-    ]
+    output, failures = compliance_check(workdir / "mllog.txt")
     # The tiny run's BLEU passes 25 (eval_accuracy 0.25) on the way, so even the quality
     # target check passes.
     assert failures == [], output
@@ -89,17 +67,7 @@ def _train(workdir, cache, processes: int, devices: int) -> dict:
         f"--config.data.cache_dir={cache}",
         *OVERRIDES,
     ]
-    cmd = train
-    if processes > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "launch.local",
-            f"--processes={processes}",
-            f"--devices_per_process={devices}",
-            "--",
-            *train,
-        ]
+    cmd = on_processes(train, processes, devices)
     proc = subprocess.run(
         cmd, cwd=REPO, env=cpu_env(devices), capture_output=True, text=True, timeout=1800
     )
