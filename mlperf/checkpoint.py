@@ -236,12 +236,13 @@ class Checkpointer:
             "meta": ocp.JsonCheckpointHandler(),
             "data": grain_ckpt.CheckpointHandler(),
         }
+        # orbax logs its creation, every save and deletion at INFO through absl; keep the
+        # run's output clean (set before the manager exists: it logs on creation).
+        pylogging.getLogger("absl").setLevel(pylogging.WARNING)
         self.manager = ocp.CheckpointManager(
             cfg.directory, item_names=ITEMS, item_handlers=handlers, options=options
         )
         self._unlisted: int | None = None  # committed (or committing) without a manifest
-        # orbax logs every save and deletion at INFO through absl; keep the run's output clean.
-        pylogging.getLogger("absl").setLevel(pylogging.WARNING)
 
     def steps(self) -> list[int]:
         """Committed checkpoint steps, oldest first."""
