@@ -7,7 +7,7 @@ DATA_DIR ?= ../shared/data
 WORKDIR ?= /tmp/multipod
 CPU_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: run test quality quality-real lint format clean
+.PHONY: run test test-system test-slow quality quality-real lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,18 @@ run: $(STAMP)
 	rm -rf $(WORKDIR)/bert_tiny  # a fresh run: a left-over checkpoint there would be resumed
 	$(CPU_ENV) $(PY) -m launch.train --config configs/bert.py:tiny --workdir $(WORKDIR)/bert_tiny
 
+# The suite without the tests marked slow (long end-to-end runs; see test-slow).
 test: $(STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+
+# Multi-client runs, checkpoint/resume/preemption and BERT end-to-end + compliance (CI runs these).
+test-system: $(STAMP)
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_checkpoint.py tests/test_end_to_end.py
+
+# Every slow test: the above plus every model's tiny run to its target, spatial-partitioning
+# equivalences and multi-process evals of the other models (about an hour on 2 cores).
+test-slow: $(STAMP)
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
