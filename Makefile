@@ -34,7 +34,8 @@ test-system: $(STAMP)
 	  --deselect tests/test_checkpoint.py::test_sigterm_saves_then_sigkill_at_a_random_step_resumes_exactly
 
 # Every slow test: the above plus every model's tiny run to its target, spatial-partitioning
-# equivalences and multi-process evals of the other models (about an hour on 2 cores).
+# equivalences and multi-process evals of the other models (not timed on an idle machine;
+# the spatial equivalences alone took 18-25 min on a loaded one).
 test-slow: $(STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests
 
