@@ -8,7 +8,7 @@ halo rows itself (collective-permute), so nothing here knows the mesh.
 Batch norm statistics span a configurable group of examples (`group_size`, the MLPerf
 "bn span"): 0 means the whole global batch. Where the train step runs per data replica
 (a shard_map manual over the data axis, mlperf/steps.py) a group larger than one
-replica's rows is formed with collectives over that axis; in an auto-sharded jit the
+replica's rows is formed by parallel/batch_groups.py; in an auto-sharded jit the
 batch axis is already global and the group is a reshape of it. Running statistics are
 `nnx.BatchStat` variables: they live next to the parameters in the train state and the
 train step writes their updated values back after the optimizer step.
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mlperf.layers.linear import Initializer, logical_param
-from parallel import partition
+from parallel.batch_groups import batch_group_sum
 from parallel.partition import constrain
 
 IMAGE_AXES = ("batch", "height", "width", "channels")
@@ -82,54 +82,6 @@ class Conv(nnx.Module):
         return constrain_image(y)
 
 
-def _manual_data_axis() -> str | None:
-    """The data mesh axis when tracing inside the train step's per-replica shard_map.
-
-    Only there does a replica see just its own rows, so only there do batch statistics
-    need explicit collectives.
-    """
-    return partition.manual_data_axis()
-
-
-def _group_sum(local: jax.Array, rows: int, group_size: int) -> tuple[jax.Array, int]:
-    """Sums per-example statistics [rows, C] over each example's BN group.
-
-    Returns (sums broadcastable against [rows, 1, 1, C] as [rows or 1, C], examples per
-    group). `group_size` 0 is the whole global batch.
-    """
-    axis = _manual_data_axis()
-    replicas = 1 if axis is None else jax.lax.axis_size(axis)
-    total = rows * replicas
-    if group_size <= 0 or group_size >= total:
-        s = jnp.sum(local, axis=0, keepdims=True)
-        return (s if axis is None else jax.lax.psum(s, axis)), total
-    if total % group_size:
-        raise ValueError(
-            f"batch-norm group of {group_size} examples does not divide the batch of {total} "
-            "examples; set model.bn_group_size to a divisor (0 = whole batch)."
-        )
-    if group_size <= rows:
-        if rows % group_size:
-            raise ValueError(
-                f"batch-norm group {group_size} does not divide the {rows} rows of a replica."
-            )
-        g = local.reshape(rows // group_size, group_size, -1).sum(axis=1, keepdims=True)
-        return jnp.broadcast_to(g, (rows // group_size, group_size, g.shape[-1])).reshape(
-            rows, -1
-        ), group_size
-    # The group spans several replicas: gather every replica's sums (C floats each)
-    # and add up those of this replica's group.
-    if group_size % rows:
-        raise ValueError(
-            f"batch-norm group {group_size} is not a multiple of the {rows} rows per replica."
-        )
-    per_group = group_size // rows
-    sums = jax.lax.all_gather(jnp.sum(local, axis=0), axis)  # [replicas, C]
-    first = (jax.lax.axis_index(axis) // per_group) * per_group
-    mine = jax.lax.dynamic_slice_in_dim(sums, first, per_group, axis=0)
-    return jnp.sum(mine, axis=0, keepdims=True), group_size
-
-
 class BatchNorm(nnx.Module):
     """Batch norm over (batch group, height, width) per channel, fp32 statistics.
 
@@ -164,10 +116,10 @@ class BatchNorm(nnx.Module):
         if train:
             rows, h, w, c = x.shape
             n_local = h * w  # pixels per example (global H x W: XLA reduces over `model`)
-            s1, n = _group_sum(jnp.sum(x32, axis=(1, 2)), rows, self.group_size)
+            s1, n = batch_group_sum(jnp.sum(x32, axis=(1, 2)), rows, self.group_size)
             mean = s1 / (n * n_local)  # [rows or 1, C]
             centred = x32 - mean[:, None, None, :]
-            s2, _ = _group_sum(jnp.sum(centred * centred, axis=(1, 2)), rows, self.group_size)
+            s2, _ = batch_group_sum(jnp.sum(centred * centred, axis=(1, 2)), rows, self.group_size)
             var = s2 / (n * n_local)
             # Running statistics: the average over this replica's groups (the train step
             # averages replicas), so the stored value is the global-batch mean.
