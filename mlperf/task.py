@@ -26,6 +26,20 @@ class Phase:
     data: dict[str, Any]  # task-specific input settings, e.g. {"seq_length": 128}
 
 
+def single_phase(config, data: dict[str, Any]) -> Phase:
+    """The one phase of a task trained at one batch size and input shape, from the
+    config's train / optimizer blocks."""
+    return Phase(
+        name="train",
+        global_batch_size=config.train.global_batch_size,
+        steps=config.train.steps,
+        learning_rate=config.optimizer.learning_rate,
+        warmup_steps=config.optimizer.warmup_steps,
+        decay_steps=config.optimizer.decay_steps or config.train.steps,
+        data=data,
+    )
+
+
 class Task(Protocol):
     """A benchmark the loop can drive; every method is pure and mesh-free."""
 

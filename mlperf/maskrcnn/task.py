@@ -21,7 +21,7 @@ from mlperf.maskrcnn.boxes import AnchorConfig
 from mlperf.maskrcnn.model import MaskRcnn, MaskRcnnConfig
 from mlperf.maskrcnn.postprocess import coco_results
 from mlperf.mllog import keys
-from mlperf.task import Phase
+from mlperf.task import Phase, single_phase
 from parallel.precision import policy_from_config
 
 BOX_AP = "box_ap"
@@ -119,18 +119,7 @@ class MaskRcnnTask:
 
     # ---- phases and model ----------------------------------------------------------------
     def phases(self) -> list[Phase]:
-        c = self.config
-        return [
-            Phase(
-                name="train",
-                global_batch_size=c.train.global_batch_size,
-                steps=c.train.steps,
-                learning_rate=c.optimizer.learning_rate,
-                warmup_steps=c.optimizer.warmup_steps,
-                decay_steps=c.optimizer.decay_steps or c.train.steps,
-                data={"image_size": c.data.image_size},
-            )
-        ]
+        return [single_phase(self.config, {"image_size": self.config.data.image_size})]
 
     def num_classes(self) -> int:
         """Foreground classes: from the prepared data, else the config (inspect, AOT)."""

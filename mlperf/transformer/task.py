@@ -21,7 +21,7 @@ from flax import nnx
 from input_pipeline import packing, translation_vocab
 from input_pipeline.translation_data import TranslationData, build_translation_data
 from mlperf.mllog import keys
-from mlperf.task import Phase
+from mlperf.task import Phase, single_phase
 from mlperf.transformer import bleu
 from mlperf.transformer.beam_search import beam_search
 from mlperf.transformer.model import Transformer, TransformerConfig
@@ -95,18 +95,7 @@ class TransformerTask:
         return self._data
 
     def phases(self) -> list[Phase]:
-        c = self.config
-        return [
-            Phase(
-                name="train",
-                global_batch_size=c.train.global_batch_size,
-                steps=c.train.steps,
-                learning_rate=c.optimizer.learning_rate,
-                warmup_steps=c.optimizer.warmup_steps,
-                decay_steps=c.optimizer.decay_steps or c.train.steps,
-                data={"length": c.data.max_length},
-            )
-        ]
+        return [single_phase(self.config, {"length": self.config.data.max_length})]
 
     def schedule(self):
         """The rsqrt schedule (optimizer.schedule == "rsqrt"), else None (the loop's
