@@ -79,11 +79,13 @@ def _base() -> ConfigDict:
             l2_weight_decay=5e-4,  # L2 on conv kernels in the loss (the MLPerf SSD recipe)
             warmup_steps=0,
             warmup_factor=0.0,  # reported; the warmup ramps linearly from 0
-            decay_boundary_steps=(),
-            decay_boundary_epochs=(),
-            decay_factor=0.1,
+            # Step drops (x lr_drop_factor) at these global steps, or at these epochs of
+            # data.train_examples; one phase, so the train step compiles once.
+            lr_drop_steps=(),
+            lr_drop_epochs=(),
+            lr_drop_factor=0.1,
             decay_steps=0,
-            power=0.0,  # 0: constant within each phase (step decay between phases)
+            power=0.0,  # polynomial decay when there are no drops; 0: constant
             grad_clip_norm=0.0,
         )
     )
@@ -183,8 +185,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             learning_rate=16.0,  # the "base lr 16"
             warmup_steps=750,
             warmup_factor=0.0002048,
-            decay_boundary_epochs=(64, 80),
-            decay_factor=0.1,
+            lr_drop_epochs=(64, 80),  # steps 1833 and 2291 at GBS 4096
+            lr_drop_factor=0.1,
             l2_weight_decay=5e-4,
             power=0.0,
         )

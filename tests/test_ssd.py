@@ -113,3 +113,51 @@ def test_ssd_loss_normalises_per_image_and_ignores_empty_images():
         lambda p: ssd_loss_per_image(p, logits, tgt_off, jnp.asarray(labels))["total"].sum()
     )(pred_off)
     assert np.all(np.isfinite(grads)) and np.any(grads != 0)
+
+
+def test_mlperf_step_decay_is_one_phase_with_drops_at_epochs_64_and_80():
+    from configs.ssd import get_config
+    from mlperf.ssd.task import SsdTask
+
+    config = get_config("mlperf_v07")
+    task = SsdTask(config)
+    # One phase: the drops are in the schedule, so the train step compiles once.
+    (phase,) = task.phases()
+    assert phase.steps == config.train.steps == 2434
+    # Epochs 64 and 80 of 117,266 images at GBS 4096: ceil(64 * 28.63) and ceil(80 * 28.63).
+    drops = task.lr_drop_steps()
+    assert (
+        drops
+        == (math.ceil(64 * 117266 / 4096), math.ceil(80 * 117266 / 4096))
+        == (
+            1833,
+            2291,
+        )
+    )
+    lr = task.schedule()
+    base = config.optimizer.learning_rate
+    np.testing.assert_allclose(lr(375), base / 2, rtol=1e-6)  # half-way through warmup
+    for step, want in [(750, base), (1832, base), (1833, base * 0.1), (2290, base * 0.1)]:
+        np.testing.assert_allclose(lr(step), want, rtol=1e-6, err_msg=f"step {step}")
+    np.testing.assert_allclose(lr(2291), base * 0.01, rtol=1e-6)
+    np.testing.assert_allclose(lr(2433), base * 0.01, rtol=1e-6)
+
+    # A different global batch moves the drops; steps and epochs together are an error.
+    config.train.global_batch_size = 2048
+    config.train.steps = 5000
+    assert SsdTask(config).lr_drop_steps() == (3665, 4581)
+    config.optimizer.lr_drop_steps = (100,)
+    with pytest.raises(ValueError, match="not both"):
+        SsdTask(config).lr_drop_steps()
+
+
+def test_tiny_schedule_is_one_phase_with_linear_warmup_and_decay():
+    from configs.ssd import get_config
+    from mlperf.ssd.task import SsdTask
+
+    task = SsdTask(get_config("tiny"))
+    (phase,) = task.phases()
+    assert phase.steps == 300 and task.lr_drop_steps() == ()
+    lr = task.schedule()
+    np.testing.assert_allclose(lr(20), 3e-3, rtol=1e-6)
+    np.testing.assert_allclose(lr(160), 3e-3 * 140 / 280, rtol=1e-5)

@@ -15,17 +15,19 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
 from mlperf.coco_eval import CocoEvaluator
+from mlperf.optimizer import PhaseSchedule, phase_schedule
 from mlperf.ssd import data as ssd_data
 from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_boxes
 from mlperf.ssd.loss import ssd_loss_per_image
 from mlperf.ssd.model import Ssd, SsdConfig
 from mlperf.ssd.nms import batched_nms
-from mlperf.task import Phase
+from mlperf.task import Phase, single_phase
 from parallel.precision import policy_from_config
 
 
@@ -155,34 +157,46 @@ class SsdTask:
         return min(n, cap) if cap > 0 else n
 
     # ---- schedule ----------------------------------------------------------------------
-    def phases(self) -> list[Phase]:
-        """One phase per learning-rate step (MLPerf: x0.1 at epochs 64 and 80)."""
+    def lr_drop_steps(self) -> tuple[int, ...]:
+        """Global steps of the x`lr_drop_factor` drops: `optimizer.lr_drop_steps`, or
+        `optimizer.lr_drop_epochs` converted with data.train_examples / global batch
+        (MLPerf v0.7: epochs 64 and 80). Drops at or past the last step are dropped."""
         c, o = self.config, self.config.optimizer
-        gbs = c.train.global_batch_size
-        bounds = [int(b) for b in o.decay_boundary_steps]
-        if o.decay_boundary_epochs:
-            if c.data.train_examples <= 0:
-                raise ValueError("optimizer.decay_boundary_epochs needs data.train_examples > 0.")
-            per_epoch = c.data.train_examples / gbs
-            bounds = [math.ceil(e * per_epoch) for e in o.decay_boundary_epochs]
-        bounds = [b for b in bounds if 0 < b < c.train.steps] + [c.train.steps]
-        phases, start = [], 0
-        for i, end in enumerate(bounds):
-            lr = o.learning_rate * (o.decay_factor**i)
-            warmup = o.warmup_steps if i == 0 else 0
-            phases.append(
-                Phase(
-                    name=f"lr{i}",
-                    global_batch_size=gbs,
-                    steps=end - start,
-                    learning_rate=lr,
-                    warmup_steps=warmup,
-                    decay_steps=end - start,
-                    data={},
+        steps = tuple(int(s) for s in o.lr_drop_steps)
+        if o.lr_drop_epochs:
+            if steps:
+                raise ValueError(
+                    "set optimizer.lr_drop_steps or optimizer.lr_drop_epochs, not both "
+                    f"(got {steps} and {tuple(o.lr_drop_epochs)})."
                 )
+            if c.data.train_examples <= 0:
+                raise ValueError(
+                    "optimizer.lr_drop_epochs needs data.train_examples > 0 (the training "
+                    "set size) to turn epochs into steps."
+                )
+            per_epoch = c.data.train_examples / c.train.global_batch_size
+            steps = tuple(math.ceil(e * per_epoch) for e in o.lr_drop_epochs)
+        return tuple(s for s in steps if 0 < s < c.train.steps)
+
+    def phases(self) -> list[Phase]:
+        """One phase: the step drops live in the schedule, so the train step compiles once."""
+        return [single_phase(self.config, {})]
+
+    def schedule(self) -> optax.Schedule:
+        """Linear warmup, then constant with x`lr_drop_factor` at each of lr_drop_steps()
+        (or the config's polynomial decay when there are no drops)."""
+        o, (p,) = self.config.optimizer, self.phases()
+        return phase_schedule(
+            PhaseSchedule(
+                p.learning_rate,
+                p.warmup_steps,
+                p.decay_steps,
+                p.steps,
+                power=o.power,
+                drop_steps=self.lr_drop_steps(),
+                drop_factor=o.lr_drop_factor,
             )
-            start = end
-        return phases
+        )
 
     # ---- model -------------------------------------------------------------------------
     def model_config(self) -> SsdConfig:
@@ -307,8 +321,8 @@ class SsdTask:
             "opt_weight_decay": o.l2_weight_decay,
             "opt_learning_rate_warmup_steps": o.warmup_steps,
             "opt_learning_rate_warmup_factor": o.warmup_factor,
-            "opt_learning_rate_decay_boundary_epochs": list(o.decay_boundary_epochs),
-            "opt_learning_rate_decay_factor": o.decay_factor,
+            "opt_learning_rate_decay_boundary_epochs": list(o.lr_drop_epochs),
+            "opt_learning_rate_decay_factor": o.lr_drop_factor,
             "model_bn_span": c.model.bn_group_size,
             "spatial_partitions": c.model.spatial_partitions,
             "max_samples": 1,
