@@ -60,6 +60,7 @@ def _base() -> ConfigDict:
             image_size=1344,
             max_instances=100,
             mask_size=112,  # rasterised ground-truth mask crop per instance
+            scale_range=(1.0, 1.0),  # training scale jitter factors (1, 1: none)
             cache_dir="",  # "" = ~/.cache/multipod
             max_eval_examples=0,
             input_workers=0,

@@ -2,9 +2,11 @@
 
 Augmentation (the Mask R-CNN recipe): resize so the longer side is `image_size`
 (aspect kept), pad bottom/right to `image_size` x `image_size`, random horizontal flip
-in training. Instance polygons are rasterised straight into an M x M grid spanning each
-instance's box (the "cropped ground-truth mask" of the TPU implementation), so a
-sample carries `max_instances` small masks instead of full-image ones.
+in training, and optional scale jitter (the longer side resized to `image_size` times a
+random factor, then a random `image_size` crop where it overflows). Instance polygons
+are rasterised straight into an M x M grid spanning each instance's box (the "cropped
+ground-truth mask" of the TPU implementation), so a sample carries `max_instances`
+small masks instead of full-image ones.
 
 Bad instances are skipped and counted, never fatal: no polygon with 3 or more points,
 a mask that is empty inside the image (polygon outside it), or a box under one pixel
@@ -35,6 +37,8 @@ class MaskRcnnInput:
     image_size: int = 128  # padded square side; the longer image side is resized to it
     max_instances: int = 8
     mask_size: int = 32  # M: rasterised mask crop per instance
+    # Training scale jitter: the resize factor is drawn from [min, max] (1, 1: none).
+    scale_range: tuple[float, float] = (1.0, 1.0)
 
 
 class SkipCounter:
@@ -105,38 +109,58 @@ def _mask_inside_image(polygons, width: float, height: float) -> bool:
 
 
 def make_example(
-    record: dict[str, Any], p: MaskRcnnInput, flip: bool, train: bool
+    record: dict[str, Any],
+    p: MaskRcnnInput,
+    flip: bool,
+    train: bool,
+    jitter: float = 1.0,
+    crop_at: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, np.ndarray]:
-    """One fixed-shape example from a COCO builder record."""
+    """One fixed-shape example from a COCO builder record.
+
+    `jitter` multiplies the resize scale; where the resized image overflows the
+    `image_size` canvas, the crop starts at `crop_at` (fractions of the overflow, x, y).
+    Polygons are rasterised unclipped over their clipped boxes, so a crop cuts masks
+    exactly.
+    """
     img = decode_image(record["image_bytes"])
     w0, h0 = img.size
-    scale = p.image_size / max(w0, h0)
+    scale = p.image_size / max(w0, h0) * jitter
     w, h = max(int(round(w0 * scale)), 1), max(int(round(h0 * scale)), 1)
-    pixels = np.asarray(img.resize((w, h), Image.BILINEAR), np.float32) / 255.0 - IMAGENET_MEAN
+    cw, ch = min(w, p.image_size), min(h, p.image_size)  # the kept window
+    ox, oy = int(round(crop_at[0] * (w - cw))), int(round(crop_at[1] * (h - ch)))
+    resized = img.resize((w, h), Image.BILINEAR).crop((ox, oy, ox + cw, oy + ch))
+    pixels = np.asarray(resized, np.float32) / 255.0 - IMAGENET_MEAN
     pixels = pixels / IMAGENET_STD
     inst = Instances.from_record(record)
     if flip:
         pixels = pixels[:, ::-1]
         inst = inst.transform(np.ones(2, np.float32), np.zeros(2, np.float32), flip=True)
+        ox = w - cw - ox  # the window mirrors with the image
     image = np.zeros((p.image_size, p.image_size, 3), np.float32)
-    image[:h, :w] = pixels
+    image[:ch, :cw] = pixels
     g, m = p.max_instances, p.mask_size
     boxes = np.zeros((g, 4), np.float32)
     classes = np.zeros((g,), np.int32)
     masks = np.zeros((g, m, m), np.uint8)
     image_id = int(record["image_id"])
+    offset = np.array([ox, oy], np.float32)
     n = 0
     for i in range(len(inst.boxes)):
         x0, y0, x1, y1 = inst.boxes[i] * np.array([w, h, w, h], np.float32)
+        x0, x1 = np.clip([x0 - ox, x1 - ox], 0.0, cw)
+        y0, y1 = np.clip([y0 - oy, y1 - oy], 0.0, ch)
         if x1 - x0 < 1.0 or y1 - y0 < 1.0:
-            SKIPPED.add(image_id, "box under one pixel after resizing")
+            if jitter == 1.0:  # with jitter, mostly an object the random crop cut away
+                SKIPPED.add(image_id, "box under one pixel after resizing")
             continue
-        polys = _polygons_of(inst, i, w, h)
+        polys = [q - offset for q in _polygons_of(inst, i, w, h)]
         if not polys:
             SKIPPED.add(image_id, "no polygon with 3 or more points")
             continue
-        if not _mask_inside_image(polys, w, h):
-            SKIPPED.add(image_id, "mask outside the image")
+        if not _mask_inside_image(polys, cw, ch):
+            if jitter == 1.0:
+                SKIPPED.add(image_id, "mask outside the image")
             continue
         if n == g:
             SKIPPED.add(image_id, f"more than max_instances={g} instances")
@@ -153,14 +177,17 @@ def make_example(
 
 
 class TrainAugment(grain.RandomMapTransform):
-    """Random flip + resize/pad + mask rasterisation of one record."""
+    """Random flip, scale jitter and crop + resize/pad + mask rasterisation of a record."""
 
     def __init__(self, p: MaskRcnnInput, flip: bool = True):
         self.p, self.flip = p, flip
 
     def random_map(self, element, rng: np.random.Generator):
         flip = self.flip and bool(rng.random() < 0.5)
-        return make_example(element, self.p, flip=flip, train=True)
+        lo, hi = self.p.scale_range
+        jitter = float(rng.uniform(lo, hi)) if hi > lo else 1.0
+        crop_at = (float(rng.random()), float(rng.random()))
+        return make_example(element, self.p, flip=flip, train=True, jitter=jitter, crop_at=crop_at)
 
 
 def train_loader(

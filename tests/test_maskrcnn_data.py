@@ -103,3 +103,24 @@ def test_train_loader_batches_have_the_example_spec():
 def test_empty_training_set_is_a_clear_error():
     with pytest.raises(ValueError, match="training set is empty"):
         maskrcnn_data.train_loader([], MaskRcnnInput(), 2, 0, 0, 1)
+
+
+def test_scale_jitter_crops_boxes_and_masks_exactly():
+    # Jitter 2: 80x40 -> 128x64 (scale 1.6); crop_at x=1 keeps the window x 64..128.
+    p = MaskRcnnInput(image_size=64, max_instances=2, mask_size=8)
+    right = [(60, 10), (75, 10), (75, 30), (60, 30)]  # x 96..120, y 16..48 at scale 1.6
+    record = _record([GOOD, right], [[10, 10, 30, 20], [60, 10, 75, 30]], [1, 2])
+    ex = make_example(record, p, flip=False, train=True, jitter=2.0, crop_at=(1.0, 0.0))
+    # GOOD (x 16..48) lies left of the window and is dropped; `right` moves by -64.
+    assert ex["gt_classes"].tolist() == [2, 0]
+    np.testing.assert_allclose(ex["gt_boxes"][0], [16, 32, 48, 56])
+    assert ex["gt_masks"][0].all()
+    # Flipped, the same draw keeps the mirrored window x 0..64: `right` is at x 8..32.
+    flipped = make_example(record, p, flip=True, train=True, jitter=2.0, crop_at=(1.0, 0.0))
+    assert flipped["gt_classes"].tolist() == [2, 0]
+    np.testing.assert_allclose(flipped["gt_boxes"][0], [16, 8, 48, 32])
+    # A box cut by the window edge keeps the part inside; its mask still fills the box.
+    half = _record([[(30, 10), (50, 10), (50, 20), (30, 20)]], [[30, 10, 50, 20]], [3])
+    cut = make_example(half, p, flip=False, train=True, jitter=2.0, crop_at=(1.0, 0.0))
+    np.testing.assert_allclose(cut["gt_boxes"][0], [16, 0, 32, 16])  # x 48..80 - 64, clipped
+    assert cut["gt_masks"][0].all()

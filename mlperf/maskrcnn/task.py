@@ -45,7 +45,9 @@ class MaskRcnnTask:
     # ---- data ----------------------------------------------------------------------------
     def _input(self) -> maskrcnn_data.MaskRcnnInput:
         d = self.config.data
-        return maskrcnn_data.MaskRcnnInput(d.image_size, d.max_instances, d.mask_size)
+        return maskrcnn_data.MaskRcnnInput(
+            d.image_size, d.max_instances, d.mask_size, tuple(d.get("scale_range", (1.0, 1.0)))
+        )
 
     def _cache_dir(self) -> str:
         return os.path.expanduser(self.config.data.cache_dir or "~/.cache/multipod")
