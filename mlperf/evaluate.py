@@ -52,53 +52,52 @@ class Evaluator:
         self.partitioner = partitioner
         self.host_batches = host_batches
         self.layout = partitioner.data_layout(global_batch_size)
-        step = partitioner.jit(
-            make_eval_step(task, layout),
-            in_shardings=(layout.state_shardings["params"], None),
-            out_shardings=partitioner.replicated(),
-        )
         abstract = batch_abstract(partitioner, spec_of(host_batches[0]), global_batch_size)
         params = layout.abstract_train_state["params"]
-        self.compiled = step.lower(params, abstract).compile()
-        self.compiled_outputs = None
-        if has_host_metrics(task):
+        self.with_outputs = has_host_metrics(task)
+        sums_fn = make_eval_step(task, layout)
+        if self.with_outputs:
+            # One program computes the sums and the per-example outputs, so the forward
+            # pass they share runs (and the global batch is assembled) once per batch.
             # Outputs stay sharded over `batch`: each host reads back only its own rows.
-            fn = make_eval_step(task, layout, method="eval_outputs")
-            shapes = jax.eval_shape(fn, params, abstract)
-            out_shardings = jax.tree.map(
+            outputs_fn = make_eval_step(task, layout, method="eval_outputs")
+
+            def fn(p, b):
+                return sums_fn(p, b), outputs_fn(p, b)
+
+            _, shapes = jax.eval_shape(fn, params, abstract)
+            row_shardings = jax.tree.map(
                 lambda s: partitioner.sharding(partitioner.batch_spec(s.ndim)), shapes
             )
-            outputs = partitioner.jit(
-                fn,
-                in_shardings=(layout.state_shardings["params"], None),
-                out_shardings=out_shardings,
-            )
-            self.compiled_outputs = outputs.lower(params, abstract).compile()
+            out_shardings = (partitioner.replicated(), row_shardings)
+        else:
+            fn, out_shardings = sums_fn, partitioner.replicated()
+        step = partitioner.jit(
+            fn, in_shardings=(layout.state_shardings["params"], None), out_shardings=out_shardings
+        )
+        self.compiled = step.lower(params, abstract).compile()
 
     @property
     def num_examples(self) -> int:
         """Real (unpadded) examples on this host."""
         return int(sum(np.sum(b["mask"]) for b in self.host_batches))
 
-    def sums(self, params: Any) -> dict[str, np.ndarray]:
-        """Global sums over the whole eval set."""
-        total = None
+    def run_pass(self, params: Any) -> dict[str, np.ndarray]:
+        """One pass over this host's eval batches: the global sums, plus (for tasks with
+        host metrics) every data shard's host stats as name -> [shard_count, ...]."""
+        total, outputs = None, []
         for host_batch in self.host_batches:
             batch = self.partitioner.host_to_global(host_batch, self.layout)
             out = self.compiled(params, batch)
+            if self.with_outputs:
+                out, per_example = out
+                outputs.append(self.partitioner.global_to_host(per_example, self.layout))
             total = out if total is None else jax.tree.map(lambda a, b: a + b, total, out)
-        return jax.tree.map(_local_value, total)
-
-    def host_stats(self, params: Any) -> dict[str, np.ndarray]:
-        """Task host stats of every data shard: name -> [shard_count, ...]."""
-        outputs, batches = [], []
-        for host_batch in self.host_batches:
-            batch = self.partitioner.host_to_global(host_batch, self.layout)
-            out = self.compiled_outputs(params, batch)
-            outputs.append(self.partitioner.global_to_host(out, self.layout))
-            batches.append(host_batch)
-        stats = self.task.host_eval_stats(outputs, batches)
-        return self.partitioner.gather_host_stats(stats, self.layout)
+        result = dict(jax.tree.map(_local_value, total))
+        if self.with_outputs:
+            stats = self.task.host_eval_stats(outputs, self.host_batches)
+            result.update(self.partitioner.gather_host_stats(stats, self.layout))
+        return result
 
     def start(self, params: Any) -> Callable[[], dict[str, float]]:
         """Runs the device part of an eval now; returns a function giving the metrics.
@@ -106,9 +105,7 @@ class Evaluator:
         With `task.async_finalize` the host part runs in a thread and the returned
         function waits for it; otherwise the metrics are ready on return.
         """
-        sums: dict[str, Any] = dict(self.sums(params))
-        if self.compiled_outputs is not None:
-            sums.update(self.host_stats(params))
+        sums = self.run_pass(params)
         if not getattr(self.task, "async_finalize", False):
             metrics = self.task.finalize_eval(sums)
             return lambda: metrics

@@ -29,7 +29,7 @@ def _evaluate(config, devices):
         _examples(), NUM_EXAMPLES, EVAL_BATCH, layout.shard_index, layout.shard_count, dtypes
     )
     evaluator = Evaluator(trainer.task, trainer.layout, trainer.partitioner, batches, EVAL_BATCH)
-    return evaluator.sums(state["params"]), evaluator.evaluate(state["params"]), trainer, state
+    return evaluator.run_pass(state["params"]), evaluator.evaluate(state["params"]), trainer, state
 
 
 def test_padded_eval_on_8_devices_equals_one_device(devices):
