@@ -42,19 +42,26 @@ class MaskRcnnInput:
 
 
 class SkipCounter:
-    """Thread-safe counts of skipped instances by reason (grain may use threads)."""
+    """Thread-safe counts of skipped instances by reason (grain may use threads); each
+    (image, reason) pair is named in the log the first time it occurs."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self.counts: collections.Counter[str] = collections.Counter()
+        self._named: set[tuple[int, str]] = set()
 
     def add(self, image_id: int, reason: str) -> None:
         with self._lock:
-            first = self.counts[reason] == 0
             self.counts[reason] += 1
+            first = (image_id, reason) not in self._named
+            self._named.add((image_id, reason))
         if first:
             logging.warning(
-                "Mask R-CNN input: skipping an instance of image %d: %s", image_id, reason
+                "Mask R-CNN input: skipping an instance of image %d: %s (%d skipped so far "
+                "for this reason)",
+                image_id,
+                reason,
+                self.counts[reason],
             )
 
 

@@ -63,7 +63,7 @@ def test_flip_mirrors_boxes():
     assert set(ex) == set(example_spec(p, train=True))
 
 
-def test_bad_instances_are_skipped_and_counted():
+def test_bad_instances_are_skipped_and_counted(caplog):
     before = dict(maskrcnn_data.SKIPPED.counts)
     p = MaskRcnnInput(image_size=64, max_instances=4, mask_size=8)
     two_points = [(40, 5), (60, 30)]
@@ -73,6 +73,7 @@ def test_bad_instances_are_skipped_and_counted():
         [[10, 10, 30, 20], [40, 5, 60, 30], [50, 30, 70, 39]],
         [1, 2, 3],
     )
+    record["image_id"] = 4242  # an id no other test uses: its first skip is logged
     ex = make_example(record, p, flip=False, train=True)
     assert ex["gt_classes"].tolist() == [1, 0, 0, 0]  # only the good instance is kept
     after = maskrcnn_data.SKIPPED.counts
@@ -81,6 +82,10 @@ def test_bad_instances_are_skipped_and_counted():
         == before.get("no polygon with 3 or more points", 0) + 1
     )
     assert after["mask outside the image"] == before.get("mask outside the image", 0) + 1
+    # Each bad instance is named with its image and reason.
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    for reason in ("no polygon with 3 or more points", "mask outside the image"):
+        assert f"image 4242: {reason}" in logged
 
 
 def test_rasterise_crop_of_a_triangle():
