@@ -38,7 +38,7 @@ def precision_block() -> ConfigDict:
 
 
 def checkpoint_block() -> ConfigDict:
-    """Checkpoints (mlperf/checkpoint.py) at each eval: the last 2 plus the best."""
+    """Checkpoints (mlperf/checkpoint/) at each eval: the last 2 plus the best."""
     return ConfigDict(
         {
             "enabled": True,
