@@ -187,8 +187,12 @@ def build_translation_data(data_cfg, eval_split: str = "eval") -> TranslationDat
 
     eval_source = sources[eval_split]
     records = [eval_source[i] for i in range(len(eval_source))]
-    if data_cfg.max_eval_examples:
+    if data_cfg.max_eval_examples:  # a fixed subset: the first N lines of the eval files
         records = records[: int(data_cfg.max_eval_examples)]
+    # Sorted by input length, so that each eval batch holds sentences of similar length and
+    # its beam search stops when they are done instead of waiting for one long sentence.
+    # BLEU does not depend on the order (references are looked up by line index).
+    records.sort(key=lambda r: (len(r["inputs"]), int(r["index"])))
     # Eval inputs are padded to the longest one, rounded up to 8 (static shapes).
     longest = max(max(len(r["inputs"]), len(r["targets"])) for r in records)
     eval_length = int(8 * math.ceil(longest / 8))

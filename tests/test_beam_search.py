@@ -19,8 +19,9 @@ VOCAB = 16
 EXTRA = 5  # decode up to input length + EXTRA tokens
 
 
-@pytest.fixture(scope="module")
-def model():
+# One-hot (TPU: no gather/scatter) and gather (CPU) decode-cache updates and beam reorders.
+@pytest.fixture(scope="module", params=[True, False], ids=["one_hot", "gather"])
+def model(request):
     cfg = TransformerConfig(
         vocab_size=VOCAB,
         emb_dim=32,
@@ -29,6 +30,7 @@ def model():
         mlp_dim=64,
         dropout_rate=0.0,
         attention_dropout_rate=0.0,
+        einsum_gather=request.param,
     )
     m = Transformer(cfg, rngs=nnx.Rngs(3))
     # Sharper output distributions than the 0.02 init gives: ranks then never hinge on
@@ -47,8 +49,9 @@ def inputs():
     return x
 
 
-def _task(beam: int, alpha: float) -> TransformerTask:
+def _task(beam: int, alpha: float, einsum_gather: bool) -> TransformerTask:
     c = get_config("tiny")
+    c.einsum_gather = einsum_gather
     c.eval.update(beam_size=beam, length_penalty=alpha, max_extra_length=EXTRA)
     return TransformerTask(c)
 
@@ -85,7 +88,7 @@ def _full_logp(model, src: np.ndarray, prefix: list[int]) -> np.ndarray:
 
 def _decode(model, inputs: np.ndarray, beam: int, alpha: float) -> np.ndarray:
     """The task's jitted beam search (TransformerTask.eval_outputs)."""
-    task = _task(beam, alpha)
+    task = _task(beam, alpha, model.cfg.einsum_gather)
     graphdef, state = nnx.split(model)
 
     @jax.jit

@@ -118,17 +118,26 @@ class MultiHeadAttention(nnx.Module):
         shape = (batch, length, self.num_heads, self.head_dim)
         return {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
 
-    def decode_step(self, x_Bx1xE: jax.Array, cache: Cache, index: jax.Array) -> tuple:
+    def decode_step(
+        self, x_Bx1xE: jax.Array, cache: Cache, index: jax.Array, one_hot: bool = True
+    ) -> tuple:
         """Causal self-attention of one new position `index` over positions <= index.
 
-        Returns (output [B,1,E], updated cache). The cache update is
-        `cache * (1 - onehot) + onehot * new`: a multiply-add, no scatter.
+        Returns (output [B,1,E], updated cache). With `one_hot` the cache update is
+        `cache * (1 - onehot) + onehot * new`: a multiply-add, no scatter, but it reads and
+        writes the whole cache every step. Without, a `dynamic_update_slice` writes the one
+        new position in place (O(1) per step; the CPU choice).
         """
         k_new, v_new = self.keys_values(x_Bx1xE)
         length = cache["k"].shape[1]
-        onehot_L = jax.nn.one_hot(index, length, dtype=cache["k"].dtype)[None, :, None, None]
-        k = cache["k"] * (1 - onehot_L) + onehot_L * k_new
-        v = cache["v"] * (1 - onehot_L) + onehot_L * v_new
+        if one_hot:
+            onehot_L = jax.nn.one_hot(index, length, dtype=cache["k"].dtype)[None, :, None, None]
+            k = cache["k"] * (1 - onehot_L) + onehot_L * k_new
+            v = cache["v"] * (1 - onehot_L) + onehot_L * v_new
+        else:
+            start = (0, index, 0, 0)
+            k = jax.lax.dynamic_update_slice(cache["k"], k_new.astype(cache["k"].dtype), start)
+            v = jax.lax.dynamic_update_slice(cache["v"], v_new.astype(cache["v"].dtype), start)
         visible = (jnp.arange(length) <= index)[None, None, None, :]
         out = self.attend(x_Bx1xE, k, v, visible)
         return out, {"k": k, "v": v}

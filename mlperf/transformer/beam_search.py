@@ -35,13 +35,18 @@ def _take_beams(x: jax.Array, idx_BxN: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, idx, axis=1)
 
 
-def _reorder_cache(cache: Any, parents_BxK: jax.Array, beam: int) -> Any:
-    """Each new beam's cache rows from its parent beam, by one-hot einsum (MXU-friendly)."""
-    one_hot = jax.nn.one_hot(parents_BxK, beam)  # [B, K(new), K(old)]
+def _reorder_cache(cache: Any, parents_BxK: jax.Array, beam: int, one_hot: bool) -> Any:
+    """Each new beam's cache rows from its parent beam: a one-hot einsum (MXU-friendly, no
+    gather: the TPU choice) or a gather (one copy of the cache instead of `beam` multiply-adds
+    over it: the CPU choice)."""
+    weights = jax.nn.one_hot(parents_BxK, beam)  # [B, K(new), K(old)]
 
     def one(x):
         xb = x.reshape(-1, beam, *x.shape[1:])
-        y = jnp.einsum("bnk,bk...->bn...", one_hot.astype(x.dtype), xb)
+        if one_hot:
+            y = jnp.einsum("bnk,bk...->bn...", weights.astype(x.dtype), xb)
+        else:
+            y = _take_beams(xb, parents_BxK)
         return y.reshape(x.shape)
 
     return jax.tree.map(one, cache)
@@ -56,13 +61,15 @@ def beam_search(
     eos_id: int,
     alpha: float,
     length_limits: jax.Array | None = None,
+    one_hot_reorder: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """Best sequences [B, T] (EOS included, zeros after) and their scores [B].
 
     step_fn(tokens [B*beam], cache, index) -> (logits [B*beam, V], cache): the decoder
     at position `index` given the previous tokens (0 at index 0). `cache` leaves have a
     leading B*beam dimension (beam-major within each example). length_limits [B]: most
-    tokens (EOS included) per example; default T.
+    tokens (EOS included) per example; default T. one_hot_reorder: reorder the cache by
+    one-hot einsum (True) or by gather.
     """
     B, K, T = batch_size, beam_size, max_length
     limits = jnp.full((B,), T, jnp.int32) if length_limits is None else length_limits
@@ -120,7 +127,7 @@ def beam_search(
             "live_logp": live_logp,
             "fin_seqs": _take_beams(all_seqs, fin_pos),
             "fin_scores": fin_scores,
-            "cache": _reorder_cache(cache, live_parent, K),
+            "cache": _reorder_cache(cache, live_parent, K, one_hot_reorder),
         }
 
     final = jax.lax.while_loop(not_done, body, state)

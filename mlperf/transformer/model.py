@@ -89,6 +89,7 @@ class DecoderLayer(nnx.Module):
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         dt = cfg.compute_dtype
         self.rate = cfg.dropout_rate
+        self.one_hot = cfg.einsum_gather  # decode-cache update by one-hot multiply-add
 
         def attention():
             return MultiHeadAttention(
@@ -117,7 +118,7 @@ class DecoderLayer(nnx.Module):
 
     def decode_step(self, y, own: Cache, cross: Cache, index, cross_mask):
         """One position: cached self-attention, cross-attention over the encoder's K/V."""
-        out, own = self.self_attention.decode_step(self.norm1(y), own, index)
+        out, own = self.self_attention.decode_step(self.norm1(y), own, index, self.one_hot)
         y = y + out
         y = y + self.cross_attention.attend(self.norm2(y), cross["k"], cross["v"], cross_mask)
         y = y + self.mlp(self.norm3(y))
