@@ -146,9 +146,12 @@ def test_rsqrt_schedule_warms_up_linearly_then_decays_as_rsqrt():
     schedule = TransformerTask(c).schedule()
     base, warmup, hidden = 3.3092157691415953, 664, 1024
     peak = base / np.sqrt(warmup) / np.sqrt(hidden)
-    np.testing.assert_allclose(schedule(warmup - 1), peak, rtol=1e-6)  # step t = warmup
-    np.testing.assert_allclose(schedule(warmup // 2 - 1), peak / 2, rtol=1e-6)
-    np.testing.assert_allclose(schedule(4 * warmup - 1), peak / 2, rtol=1e-6)
-    assert float(rsqrt_schedule(1.0, 100)(99)) == pytest.approx(0.1)
+    # t is the update count, as in Google's v0.7 code: 0 (rate 0) at the first update.
+    assert float(schedule(0)) == 0.0
+    np.testing.assert_allclose(schedule(warmup), peak, rtol=1e-6)
+    np.testing.assert_allclose(peak, 4.0132e-3, rtol=1e-4)
+    np.testing.assert_allclose(schedule(warmup // 2), peak / 2, rtol=1e-6)
+    np.testing.assert_allclose(schedule(4 * warmup), peak / 2, rtol=1e-6)
+    assert float(rsqrt_schedule(1.0, 100)(100)) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="warmup_steps"):
         rsqrt_schedule(1.0, 0)
