@@ -22,7 +22,7 @@ from input_pipeline import packing, translation_vocab
 from input_pipeline.translation_data import TranslationData, build_translation_data
 from mlperf.mllog import keys
 from mlperf.task import Phase, single_phase
-from mlperf.transformer import bleu
+from mlperf.transformer import bleu, final_bleu
 from mlperf.transformer.beam_search import beam_search
 from mlperf.transformer.model import Transformer, TransformerConfig
 from mlperf.transformer.schedule import rsqrt_schedule
@@ -203,6 +203,7 @@ class TransformerTask:
             translation_vocab.EOS_ID,
             float(e.length_penalty),
             limits,
+            one_hot_reorder=self.config.einsum_gather,
         )
         return {"tokens": tokens}
 
@@ -232,6 +233,11 @@ class TransformerTask:
             metrics.update(bleu.bleu_from_stats(sums["bleu_stats"]))
             metrics["bleu_fraction"] = metrics["bleu"] / 100.0
         return metrics
+
+    def final_eval(self, params, layout, partitioner) -> dict[str, dict[str, float]]:
+        """BLEU on every whole set of config.eval.final_sets (val, test), once after
+        training: the in-loop eval only decodes data.max_eval_examples sentences."""
+        return final_bleu.evaluate_sets(self.config, params, layout, partitioner)
 
     # ---- reporting -----------------------------------------------------------------------
     def mllog_metadata(self) -> dict[str, dict[str, Any]]:
