@@ -37,7 +37,14 @@ def constrain_image(x: jax.Array) -> jax.Array:
 
 class Conv(nnx.Module):
     """NHWC convolution with an HWIO kernel; explicit symmetric padding ((k-1)//2 per side,
-    as in torchvision's ResNet) unless `padding` is given."""
+    as in torchvision's ResNet) unless `padding` is given.
+
+    `stride_by_slicing=True` computes a strided conv as the stride-1 conv followed by
+    every stride-th row and column (the same values, stride^2 the FLOPs). XLA's SPMD
+    partitioner (jax 0.10, CPU) returns a wrong kernel gradient for a stride-2 conv whose
+    height is split 8 ways with at most one row per shard (the SSD extra layers on small
+    maps under 8-way spatial partitioning); the sliced form partitions correctly.
+    """
 
     def __init__(
         self,
@@ -51,8 +58,10 @@ class Conv(nnx.Module):
         use_bias: bool = False,
         dtype: jnp.dtype = jnp.float32,
         kernel_init: Initializer = CONV_INIT,
+        stride_by_slicing: bool = False,
     ):
         self.strides = (strides, strides)
+        self.stride_by_slicing = stride_by_slicing and strides > 1
         if padding is None:
             padding = (kernel_size - 1) // 2
         self.padding = padding if isinstance(padding, str) else ((padding, padding),) * 2
@@ -73,10 +82,13 @@ class Conv(nnx.Module):
         y = jax.lax.conv_general_dilated(
             x.astype(self.dtype),
             self.kernel[...].astype(self.dtype),
-            window_strides=self.strides,
+            window_strides=(1, 1) if self.stride_by_slicing else self.strides,
             padding=self.padding,
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
         )
+        if self.stride_by_slicing:
+            sh, sw = self.strides
+            y = y[:, ::sh, ::sw]
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return constrain_image(y)

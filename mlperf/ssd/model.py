@@ -34,6 +34,9 @@ class SsdConfig:
     bn_group_size: int = 0
     bn_momentum: float = 0.9
     dtype: jnp.dtype = jnp.float32
+    # Height shards of spatial partitioning (>1: the extra layers' stride-2 convs run as
+    # stride-1 convs plus slicing, see mlperf.layers.conv.Conv).
+    spatial_partitions: int = 1
 
 
 def extra_layer_strides(feature_sizes: tuple[int, ...]) -> list[str]:
@@ -61,7 +64,18 @@ class ExtraBlock(nnx.Module):
         self.conv1 = Conv(cin, mid, 1, rngs=rngs, dtype=cfg.dtype)
         self.bn1 = BatchNorm(mid, dtype=cfg.dtype, **bn)
         stride, padding = (2, 1) if kind == "s2" else (1, 0)
-        self.conv2 = Conv(mid, cout, 3, strides=stride, padding=padding, rngs=rngs, dtype=cfg.dtype)
+        self.conv2 = Conv(
+            mid,
+            cout,
+            3,
+            strides=stride,
+            padding=padding,
+            rngs=rngs,
+            dtype=cfg.dtype,
+            # Works around XLA's wrong kernel gradient for stride-2 convs on maps with
+            # <= 1 row per height shard (here: the small extra levels).
+            stride_by_slicing=cfg.spatial_partitions > 1,
+        )
         self.bn2 = BatchNorm(cout, dtype=cfg.dtype, **bn)
 
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
