@@ -62,6 +62,7 @@ def _base() -> ConfigDict:
             max_eval_examples=0,
             cache_dir="",  # "" = ~/.cache/multipod
             input_workers=0,
+            colour_distort=False,  # SSD photometric distortion in training
         )
     )
     c.mesh = mesh_block()

@@ -1,7 +1,8 @@
 """Detection augmentation in NumPy/PIL, per host: decode, SSD random IoU crop,
-horizontal flip, resize, normalise. Boxes are normalised (x0, y0, x1, y1); polygons
-(flattened normalised x, y pairs with per-polygon sizes and owning instance, as the COCO
-builder stores them) follow every geometric step so Mask R-CNN can rasterise masks.
+horizontal flip, colour distortion, resize, normalise. Boxes are normalised (x0, y0,
+x1, y1); polygons (flattened normalised x, y pairs with per-polygon sizes and owning
+instance, as the COCO builder stores them) follow every geometric step so Mask R-CNN
+can rasterise masks.
 """
 
 from __future__ import annotations
@@ -121,25 +122,55 @@ def random_iou_crop(
             return crop, kept.transform(scale, crop[:2])
 
 
-def resize_normalise(img: Image.Image, size: int, crop: np.ndarray | None = None) -> np.ndarray:
-    """Crops (normalised box) and resizes to size x size, then ImageNet-normalises: float32."""
+def photometric_distort(pixels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The SSD paper's colour distortion on [0, 1] RGB: each of brightness (+-32/255),
+    contrast and saturation (x0.5..1.5) with probability 1/2, in a random order."""
+    out = pixels
+    ops = rng.permutation(3)
+    apply = rng.random(3) < 0.5
+    amount = rng.uniform([-32 / 255, 0.5, 0.5], [32 / 255, 1.5, 1.5])
+    for op in ops:
+        if not apply[op]:
+            continue
+        if op == 0:
+            out = out + amount[0]
+        elif op == 1:
+            out = (out - out.mean()) * amount[1] + out.mean()
+        else:
+            grey = out @ np.array([0.299, 0.587, 0.114], np.float32)
+            out = (out - grey[..., None]) * amount[2] + grey[..., None]
+    return np.clip(out, 0.0, 1.0).astype(np.float32)
+
+
+def resize_normalise(
+    img: Image.Image,
+    size: int,
+    crop: np.ndarray | None = None,
+    colour_rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """Crops (normalised box) and resizes to size x size, optionally distorts the colours
+    (with `colour_rng`), then ImageNet-normalises: float32."""
     box = None
     if crop is not None:
         w, h = img.size
         box = (crop[0] * w, crop[1] * h, crop[2] * w, crop[3] * h)
     resized = img.resize((size, size), Image.BILINEAR, box=box)
     pixels = np.asarray(resized, np.float32) / 255.0
+    if colour_rng is not None:
+        pixels = photometric_distort(pixels, colour_rng)
     return (pixels - IMAGENET_MEAN) / IMAGENET_STD
 
 
 def ssd_train_augment(
-    record: dict[str, np.ndarray], rng: np.random.Generator, size: int
+    record: dict[str, np.ndarray], rng: np.random.Generator, size: int, colour: bool = False
 ) -> tuple[np.ndarray, Instances]:
-    """SSD training view of a record: IoU crop, flip with p=0.5, resize, normalise."""
+    """SSD training view of a record: IoU crop, flip with p=0.5, optional colour
+    distortion, resize, normalise."""
     img = decode_image(record["image_bytes"])
     crop, inst = random_iou_crop(rng, Instances.from_record(record))
     flip = bool(rng.random() < 0.5)
-    pixels = resize_normalise(img, size, crop)
+    # Colour draws come after the crop and flip draws, so colour=False keeps the stream.
+    pixels = resize_normalise(img, size, crop, colour_rng=rng if colour else None)
     if flip:
         pixels = pixels[:, ::-1]
         inst = inst.transform(np.ones(2, np.float32), np.zeros(2, np.float32), flip=True)

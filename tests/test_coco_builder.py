@@ -156,6 +156,21 @@ def test_iou_crop_and_flip_keep_boxes_and_polygons_consistent(shapes):
     assert cropped > 0
 
 
+def test_colour_distortion_changes_pixels_not_geometry(shapes):
+    _, _, data = shapes
+    changed = 0
+    for i in range(6):
+        plain, inst = ssd_train_augment(data.train[i], np.random.default_rng(i), 48)
+        coloured, inst_c = ssd_train_augment(
+            data.train[i], np.random.default_rng(i), 48, colour=True
+        )
+        # Same crop and flip (colour draws come last), so the same boxes.
+        np.testing.assert_array_equal(inst.boxes, inst_c.boxes)
+        assert np.isfinite(coloured).all() and coloured.shape == plain.shape
+        changed += int(not np.allclose(plain, coloured))
+    assert changed > 0  # each distortion applies with p=1/2: some of 6 images change
+
+
 def test_flip_mirrors_boxes():
     inst = Instances(
         np.array([[0.1, 0.2, 0.3, 0.6]], np.float32),

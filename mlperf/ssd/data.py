@@ -32,6 +32,7 @@ class SsdTrainRows:
         seed: int,
         image_size: int,
         encoder: BoxEncoder,
+        colour: bool = False,
     ):
         self._rows = GlobalOrderHostRows(source, host_batch_size, shard_index, shard_count, seed)
         self._host_batch = host_batch_size
@@ -40,6 +41,7 @@ class SsdTrainRows:
         self._seed = seed
         self._size = image_size
         self._encoder = encoder
+        self._colour = colour
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -52,7 +54,7 @@ class SsdTrainRows:
         batch, row = divmod(k, self._host_batch)
         position = batch * self._global_batch + self._offset + row
         rng = np.random.default_rng([self._seed, _AUGMENT_STREAM, position])
-        pixels, inst = ssd_train_augment(record, rng, self._size)
+        pixels, inst = ssd_train_augment(record, rng, self._size, self._colour)
         offsets, labels = self._encoder.encode(inst.boxes, inst.labels)
         return {"image": pixels, "boxes": offsets, "labels": labels}
 
@@ -66,12 +68,14 @@ def train_loader(
     image_size: int,
     encoder: BoxEncoder,
     worker_count: int = 0,
+    colour: bool = False,
 ) -> grain.DataLoader:
-    """Endless, checkpointable loader of this host's training batches."""
+    """Endless, checkpointable loader of this host's training batches (`colour`: the SSD
+    photometric distortion on top of crop and flip)."""
     if len(source) == 0:
         raise ValueError("the SSD training split is empty: check data.eval_count and the JSON.")
     rows = SsdTrainRows(
-        source, host_batch_size, shard_index, shard_count, seed, image_size, encoder
+        source, host_batch_size, shard_index, shard_count, seed, image_size, encoder, colour
     )
     sampler = grain.IndexSampler(
         num_records=len(rows), shard_options=grain.NoSharding(), shuffle=False, num_epochs=1

@@ -131,6 +131,7 @@ class SsdTask:
             self.anchors.image_size,
             self._encoder,
             worker_count=self.config.data.get("input_workers", 0),
+            colour=self.config.data.get("colour_distort", False),
         )
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
@@ -212,6 +213,7 @@ class SsdTask:
             extra_mid_channels=tuple(m.extra_mid_channels),
             bn_group_size=m.bn_group_size,
             bn_momentum=m.bn_momentum,
+            spatial_partitions=m.spatial_partitions,
             dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
             ).compute_dtype,
