@@ -138,6 +138,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             mask_target=0.45,
         )
     elif arg == "coco128":
+        # The `person` class only (254 instances in 61 of the 128 images; 96 train / 32
+        # eval images): 71 classes on 96 images do not train from scratch. 128 px with
+        # flip and scale jitter: ~67 epochs in 400 steps on CPU.
         c.data.update(
             source="coco",
             data_dir="../shared/data",
@@ -146,15 +149,23 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             eval_annotations="",
             eval_images_dir="",
             eval_count=32,
+            categories=("person",),
             max_instances=16,
+            scale_range=(0.8, 1.25),
         )
+        c.optimizer.update(learning_rate=0.06, warmup_steps=30)
         c.train.update(
             global_batch_size=16,
-            steps=600,
+            steps=400,
             eval_every_samples=16 * 100,
             eval_batch_size=32,
             log_every_steps=25,
-            target=1.0,  # no target: report the mAPs reached
+            # No target yet: measured from scratch (README "Mask R-CNN"), held-out person
+            # box mAP stays at the untrained model's level (6e-5 vs 3.5e-5 after 200
+            # steps) while the training split's rises 19x (0.0019 vs 0.0001): the run
+            # fits its 96 images but does not generalise, so there is no honest target
+            # above the baseline to stop at. It reports the mAPs reached.
+            target=1.0,
             mask_target=1.0,
             stop_at_target=False,
         )
@@ -183,4 +194,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             mask_target=0.339,
         )
         c.data.update(data_dir="", image_size=1344, max_instances=100, mask_size=112)
+        # COCO 2017's 80 classes: the prepared data's count wins; this lets launch.inspect
+        # and the AOT planner build the model without the data.
+        c.model.num_classes = 80
     return c
