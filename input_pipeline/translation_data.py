@@ -64,7 +64,7 @@ class TranslationData:
 
     vocab: spm.SentencePieceProcessor = dataclasses.field(repr=False)
     vocab_size: int
-    train_rows: packing.PackedRows = dataclasses.field(repr=False)
+    train_rows: packing.PackedRows | None = dataclasses.field(repr=False)  # None: eval only
     eval_records: EvalRecords = dataclasses.field(repr=False)
     references: dict[int, str] = dataclasses.field(repr=False)  # line index -> target text
     eval_length: int
@@ -73,6 +73,8 @@ class TranslationData:
 
     def train_iterator(self, host_batch_size: int, seed: int, shard_index: int, shard_count: int):
         """Endless host batches of packed rows (checkpointable grain iterator)."""
+        if self.train_rows is None:
+            raise ValueError("this TranslationData is for evaluation only (with_train=False)")
         dtypes = {name: "int32" for name in packing.PACKED_FIELDS}
         loader = grain_pipeline.train_loader(
             self.train_rows, host_batch_size, seed, shard_index, shard_count, dtypes
@@ -147,8 +149,11 @@ def _split_files(data_cfg, cache_dir: str) -> dict[str, tuple[str, str]]:
     }
 
 
-def build_translation_data(data_cfg, eval_split: str = "eval") -> TranslationData:
-    """Prepares (or reuses) the cached data and returns it (all hosts build the same).
+def build_translation_data(
+    data_cfg, eval_split: str = "eval", with_train: bool = True
+) -> TranslationData:
+    """Prepares (or reuses) the cached data and returns it (all hosts build the same);
+    with_train=False skips packing the training rows (evaluation only).
 
     data_cfg keys: corpus (tiny/files), data_dir, train_files, eval_files, vocab_file,
     vocab_size, vocab_type, max_length, eval_max_length, pack, seed, cache_dir, max_eval_examples,
@@ -169,21 +174,23 @@ def build_translation_data(data_cfg, eval_split: str = "eval") -> TranslationDat
         logging.info("translation data: %s", summary["message"])
     sources = builder.as_data_source()
 
-    train_source = sources[translation_tfds.TRAIN_SPLIT]
-    train = [train_source[i] for i in range(len(train_source))]
-    pairs = ([r["inputs"] for r in train], [r["targets"] for r in train])
-    if data_cfg.pack:
-        arrays = packing.pack_pairs(*pairs, int(data_cfg.max_length), seed=int(data_cfg.seed))
-    else:
-        arrays = packing.unpacked_rows(*pairs, int(data_cfg.max_length))
-    rows = packing.PackedRows(arrays, f"{builder.builder_config.name}/pack={data_cfg.pack}")
-    logging.info(
-        "translation train: %d pairs in %d rows of %d tokens (%.0f%% of target slots used)",
-        len(train),
-        len(rows),
-        data_cfg.max_length,
-        100 * rows.efficiency(),
-    )
+    rows = None
+    if with_train:
+        train_source = sources[translation_tfds.TRAIN_SPLIT]
+        train = [train_source[i] for i in range(len(train_source))]
+        pairs = ([r["inputs"] for r in train], [r["targets"] for r in train])
+        if data_cfg.pack:
+            arrays = packing.pack_pairs(*pairs, int(data_cfg.max_length), seed=int(data_cfg.seed))
+        else:
+            arrays = packing.unpacked_rows(*pairs, int(data_cfg.max_length))
+        rows = packing.PackedRows(arrays, f"{builder.builder_config.name}/pack={data_cfg.pack}")
+        logging.info(
+            "translation train: %d pairs in %d rows of %d tokens (%.0f%% of target slots used)",
+            len(train),
+            len(rows),
+            data_cfg.max_length,
+            100 * rows.efficiency(),
+        )
 
     eval_source = sources[eval_split]
     records = [eval_source[i] for i in range(len(eval_source))]

@@ -39,8 +39,11 @@ def set_config(config, source: str, target: str):
     return c
 
 
-def evaluate_sets(config, params: Any, layout, partitioner) -> dict[str, dict[str, float]]:
-    """BLEU (and teacher-forced loss) of `params` on every set of config.eval.final_sets."""
+def evaluate_sets(
+    config, params: Any, layout, partitioner, names: list[str] | None = None
+) -> dict[str, dict[str, float]]:
+    """BLEU (and teacher-forced loss) of `params` on the sets of config.eval.final_sets
+    (all, or those in `names`)."""
     from mlperf.transformer.task import TransformerTask  # the task imports this module
 
     sets = config.eval.get("final_sets", None) or {}
@@ -48,11 +51,16 @@ def evaluate_sets(config, params: Any, layout, partitioner) -> dict[str, dict[st
         raise ValueError(
             "config.eval.final_sets is empty: give name -> (source file, target file) pairs."
         )
+    unknown = sorted(set(names or ()) - set(sets))
+    if unknown:
+        raise ValueError(f"unknown final eval sets {unknown}; eval.final_sets has {sorted(sets)}")
     batch = int(config.train.eval_batch_size)
     results = {}
     for name, (source, target) in sets.items():
+        if names and name not in names:
+            continue
         start = time.perf_counter()
-        task = TransformerTask(set_config(config, source, target))
+        task = TransformerTask(set_config(config, source, target), with_train=False)
         data_layout = partitioner.data_layout(batch)
         task.prepare(data_layout.shard_index, data_layout.shard_count)
         batches = task.eval_data(batch, data_layout.shard_index, data_layout.shard_count)
@@ -70,8 +78,16 @@ def record(workdir: str, step: int, results: dict[str, dict[str, float]]) -> Non
     """Writes final_bleu.json, metrics.jsonl lines and result.json["final_eval"] (process 0)."""
     if jax.process_index() != 0:
         return
-    with open(os.path.join(workdir, "final_bleu.json"), "w") as f:
-        json.dump({"step": step, **results}, f, indent=2)
+    path = os.path.join(workdir, "final_bleu.json")
+    previous = {}
+    if os.path.exists(path):  # sets evaluated by separate calls accumulate
+        with open(path) as f:
+            previous = json.load(f)
+        if previous.get("step") != step:
+            previous = {}
+    merged = {**{k: v for k, v in previous.items() if k != "step"}, **results}
+    with open(path, "w") as f:
+        json.dump({"step": step, **merged}, f, indent=2)
     with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
         for name, metrics in results.items():
             f.write(json.dumps({"step": step, "kind": "final_eval", "set": name, **metrics}))
@@ -80,7 +96,7 @@ def record(workdir: str, step: int, results: dict[str, dict[str, float]]) -> Non
     if os.path.exists(result_path):
         with open(result_path) as f:
             result = json.load(f)
-        result["final_eval"] = {"step": step, **results}
+        result["final_eval"] = {"step": step, **merged}
         with open(result_path, "w") as f:
             json.dump(result, f, indent=2)
 
@@ -94,7 +110,8 @@ def main(argv: list[str]) -> None:
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
     if config is None or not workdir:
         raise app.UsageError("--config and --workdir are required.")
-    trainer = build_trainer(config)
+    # The layout only: the model's vocabulary size is the config's, rounded up as in training.
+    trainer = build_trainer(config, prepare_data=False)
     checkpointer = Checkpointer(
         CheckpointConfig.from_config(config, workdir), trainer.task.target_metric, read_only=True
     )
@@ -112,4 +129,5 @@ if __name__ == "__main__":
         "config", None, "The run's config, e.g. configs/transformer.py:multi30k."
     )
     flags.DEFINE_string("workdir", None, "The finished run's work directory.")
+    flags.DEFINE_string("sets", "", "Comma-separated names of eval.final_sets ('' = all).")
     app.run(main)

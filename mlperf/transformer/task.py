@@ -78,8 +78,9 @@ class TransformerTask:
     benchmark = "transformer"
     target_metric = "bleu_fraction"
 
-    def __init__(self, config):
+    def __init__(self, config, with_train: bool = True):
         self.config = config
+        self.with_train = with_train  # False: evaluation only, training rows not packed
         self.target_value = float(config.train.target) / 100.0
         self._data: TranslationData | None = None
 
@@ -91,7 +92,7 @@ class TransformerTask:
 
     def data(self) -> TranslationData:
         if self._data is None:
-            self._data = build_translation_data(self.config.data)
+            self._data = build_translation_data(self.config.data, with_train=self.with_train)
         return self._data
 
     def phases(self) -> list[Phase]:
