@@ -88,22 +88,20 @@ def reference():
 def test_spatially_partitioned_train_steps_equal_unpartitioned(reference, ici_shape):
     batch, ref_losses, ref_params = reference
     losses, params, hlo = _two_steps(small_ssd_config(ici_shape, spatial=True), batch)
-    # Same first loss; after an update, float reassociation in the partitioned convs may
-    # differ in the last bits and grow a little.
+    # Same first loss; after an update, float reassociation in the partitioned convs and
+    # batch-norm sums differs in the last bits.
     np.testing.assert_allclose(losses[0], ref_losses[0], rtol=1e-5)
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-3)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     # Halo exchange between the height shards.
     assert "collective-permute" in hlo
-    worst = max(
-        float(np.max(np.abs(a - b) - (2e-4 + 2e-3 * np.abs(b))))
-        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params), strict=True)
-    )
-    if ici_shape == (1, 8) and worst > 0:
-        # Known open issue: with 8-way height splits (4 -> 2 -> 1 rows per shard through
-        # the 7x7/2 stem and the 3x3/2 max pool) a few stem-level parameters differ by up
-        # to ~3e-4 (a few %) after two SGD steps, although the losses agree.
-        pytest.xfail(f"1x8 parameters differ beyond tolerance by {worst:.2e}")
-    assert worst <= 0, f"parameters differ beyond tolerance by {worst:.2e}"
+    # Every parameter after two SGD steps (lr 0.01) within float noise: one-step
+    # gradients of 1x8 and of a single device differ from the 8x1 ones by ~1e-6 of
+    # their scale (measured, README). The 1x8 drift that used to be here
+    # (extras[0].conv2 kernel gradient off by ~50%) was XLA's partitioning of a stride-2
+    # conv with one row per shard; the model's extra layers now slice instead.
+    got = jax.tree_util.tree_leaves_with_path(params)
+    for (path, a), b in zip(got, jax.tree.leaves(ref_params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.slow
