@@ -155,3 +155,24 @@ def test_rsqrt_schedule_warms_up_linearly_then_decays_as_rsqrt():
     assert float(rsqrt_schedule(1.0, 100)(100)) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="warmup_steps"):
         rsqrt_schedule(1.0, 0)
+
+
+def test_final_bleu_records_accumulate_per_set_and_unknown_sets_are_named(tmp_path):
+    import json
+
+    from mlperf.transformer import final_bleu
+
+    (tmp_path / "result.json").write_text(json.dumps({"benchmark": "transformer"}))
+    final_bleu.record(str(tmp_path), 241, {"test": {"bleu": 20.5}})
+    final_bleu.record(str(tmp_path), 241, {"val": {"bleu": 21.0}})
+    saved = json.loads((tmp_path / "final_bleu.json").read_text())
+    assert saved == {"step": 241, "test": {"bleu": 20.5}, "val": {"bleu": 21.0}}
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["kind"], x["set"]) for x in lines] == [("final_eval", "test"), ("final_eval", "val")]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["final_eval"]["val"]["bleu"] == 21.0 and result["benchmark"] == "transformer"
+
+    c = get_config("multi30k")
+    assert set(c.eval.final_sets) == {"val", "test_2016_flickr"}
+    with pytest.raises(ValueError, match="unknown final eval sets.*test_2017"):
+        final_bleu.evaluate_sets(c, None, None, None, ["test_2017"])

@@ -118,8 +118,12 @@ def main(argv: list[str]) -> None:
     restored = checkpointer.restore_latest(trainer.layout.abstract_train_state)
     if restored is None:
         raise SystemExit(f"no checkpoint under {workdir}: train first (launch.train).")
-    results = evaluate_sets(config, restored.state["params"], trainer.layout, trainer.partitioner)
-    record(workdir, restored.step, results)
+    names = [n for n in flags.FLAGS.sets.split(",") if n] or list(config.eval.final_sets)
+    for name in names:  # recorded one by one: a long second set does not hold up the first
+        results = evaluate_sets(
+            config, restored.state["params"], trainer.layout, trainer.partitioner, [name]
+        )
+        record(workdir, restored.step, results)
 
 
 if __name__ == "__main__":
