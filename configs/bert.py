@@ -93,7 +93,7 @@ def _base() -> ConfigDict:
             steps=0,
         )
     )
-    # Checkpoints (mlperf/checkpoint.py): written asynchronously into `dir` ("" = the
+    # Checkpoints (mlperf/checkpoint/): written asynchronously into `dir` ("" = the
     # workdir's checkpoints/) every `every_steps` steps (0: never), after each eval
     # (`at_eval`) and on SIGTERM; the last `keep` plus the `keep_best` best by the target
     # metric are kept. A restart with the same command resumes from the newest readable one.

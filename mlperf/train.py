@@ -9,6 +9,7 @@ write the MLPerf log, result.json and a closing summary.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from typing import Any
@@ -263,7 +264,14 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
         "resumed_from_step": restored.step if restored is not None else None,
         "last_checkpoint": loop.last_saved,
     }
+    final_eval = getattr(task, "final_eval", None)
+    if final_eval is not None and loop.status == keys.SUCCESS:
+        # After run_stop, so outside the timed run: e.g. BLEU on whole test sets, where
+        # the in-loop eval decodes a subset.
+        result["final_eval"] = final_eval(state["params"], trainer.layout, partitioner)
     write_result(workdir, result)
     if is_main:
         print(summary_paragraph(result), flush=True)
+        if result.get("final_eval"):
+            print(f"final eval after training: {json.dumps(result['final_eval'])}", flush=True)
     return result

@@ -237,7 +237,10 @@ class TransformerTask:
 
     def final_eval(self, params, layout, partitioner) -> dict[str, dict[str, float]]:
         """BLEU on every whole set of config.eval.final_sets (val, test), once after
-        training: the in-loop eval only decodes data.max_eval_examples sentences."""
+        training: the in-loop eval only decodes data.max_eval_examples sentences.
+        Nothing (an empty dict) when the config names no final sets."""
+        if not self.config.eval.get("final_sets", None):
+            return {}
         return final_bleu.evaluate_sets(self.config, params, layout, partitioner)
 
     # ---- reporting -----------------------------------------------------------------------
