@@ -2,6 +2,7 @@
 
     python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json]
     python -m launch.bench collectives [--sizes 4K,1M,64M] [--device_counts 2,4,8] [--plot p.png]
+                                       [--no_tpu_estimates]
     python -m launch.bench peers [--peer_models bert] [--peer_sizes tiny,base] [--rounds 5]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
@@ -37,6 +38,9 @@ _SIZES = flags.DEFINE_list(
 )
 _DEVICE_COUNTS = flags.DEFINE_list("device_counts", ["2", "4", "8"], "collectives: P values.")
 _PLOT = flags.DEFINE_string("plot", "", "collectives: write a bandwidth plot (PNG) here.")
+_NO_TPU_ESTIMATES = flags.DEFINE_bool(
+    "no_tpu_estimates", False, "collectives: skip the TPU AOT compiles (~15 min on 2 cores)."
+)
 _INPUT_WORKERS = flags.DEFINE_list(
     "input_workers", ["0", "1", "2", "4"], "Grain worker counts whose host input rate to report."
 )
@@ -135,7 +139,9 @@ def collectives_main() -> None:
     from launch import bench_collectives
 
     sizes = [bench_collectives.parse_size(s) for s in _SIZES.value]
-    rows = bench_collectives.bench(sizes, [int(p) for p in _DEVICE_COUNTS.value], _REPEATS.value)
+    topologies = () if _NO_TPU_ESTIMATES.value else bench_collectives.AOT_TOPOLOGIES
+    counts = [int(p) for p in _DEVICE_COUNTS.value]
+    rows = bench_collectives.bench(sizes, counts, _REPEATS.value, aot_topologies=topologies)
     print(json.dumps(rows, indent=2) if _JSON.value else bench_collectives.table(rows))
     if _PLOT.value:
         bench_collectives.plot(rows, _PLOT.value)

@@ -1,7 +1,7 @@
 """All-reduce algorithms measured against the alpha-beta model and XLA's own all-reduce.
 
     python -m launch.bench collectives [--sizes 4K,64K,1M,16M,64M] [--device_counts 2,4,8]
-                                       [--plot collectives.png] [--json]
+                                       [--plot collectives.png] [--json] [--no_tpu_estimates]
 
 For each device count P (a 1-D mesh of the first P devices) and message size (bytes per
 device, fp32), every algorithm of parallel/collectives.py is timed (median of repeats
@@ -12,7 +12,8 @@ are against psum in the same run, since absolute times on a shared CPU are noisy
 Next to the CPU measurements, every algorithm is also AOT-compiled for TPU slices
 (v3:4x4 = 32 cores, v3:32x32 = 2048 cores; libtpu, no TPU needed) over a 1-D mesh of all
 their cores, and the TPU compiler's estimated time (`optimal_seconds`) is reported with
-the alpha-beta model for that chip's ICI link.
+the alpha-beta model for that chip's ICI link. Those ~50 TPU compiles take about 15
+minutes on 2 CPU cores; `--no_tpu_estimates` skips them (CPU measurements only).
 """
 
 from __future__ import annotations

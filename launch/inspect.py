@@ -52,17 +52,19 @@ def _eval_spec(task, phase) -> dict:
     return {**task.example_spec(phase), "mask": ((), "float32")}
 
 
-def _compile(lowered_fn) -> tuple[Any, float, str | None]:
-    """(compiled or None, seconds, error message or None)."""
+def _compile(lowered_fn) -> tuple[Any, Any, float, str | None]:
+    """(lowered or None, compiled or None, seconds, error message or None)."""
     start = time.perf_counter()
+    lowered = None
     try:
-        compiled = lowered_fn().compile()
+        lowered = lowered_fn()
+        compiled = lowered.compile()
     except Exception as e:  # a candidate that does not compile is reported, not fatal
-        return None, time.perf_counter() - start, f"{type(e).__name__}: {e}"
-    return compiled, time.perf_counter() - start, None
+        return lowered, None, time.perf_counter() - start, f"{type(e).__name__}: {e}"
+    return lowered, compiled, time.perf_counter() - start, None
 
 
-def _step_report(compiled, compile_s: float, error: str | None) -> dict[str, Any]:
+def _step_report(lowered, compiled, compile_s: float, error: str | None) -> dict[str, Any]:
     from parallel.aot import compiled_stats
 
     if compiled is None:
@@ -71,7 +73,7 @@ def _step_report(compiled, compile_s: float, error: str | None) -> dict[str, Any
         if oom is not None:
             report.update(oom, out_of_memory=True)
         return report
-    stats = compiled_stats(compiled)
+    stats = compiled_stats(compiled, lowered)
     report = {
         "flops_per_device": stats["flops"],
         "matmul_flops_per_device": stats["matmul_flops"],
@@ -80,7 +82,10 @@ def _step_report(compiled, compile_s: float, error: str | None) -> dict[str, Any
         "collectives": stats["collectives"],
         "collective_bytes": stats["collective_bytes"],
         "collective_wire_bytes": stats["collective_wire_bytes"],
+        # The program as written (what einsum_gather controls) and after the backend's
+        # passes (CPU turns max-pool gradients into scatters; TPU keeps them native).
         "gather_scatter": stats["gather_scatter"],
+        "gather_scatter_compiled": stats["gather_scatter_compiled"],
         "memory": stats.get("memory", {}),
         "compile_time_s": compile_s,
     }
@@ -211,7 +216,11 @@ def table(report: dict[str, Any]) -> str:
         est = step.get("estimated_step_s")
         rows += [
             (f"{name} FLOPs / device", f"{step['flops_per_device']:.4e} (loops x trip count)"),
-            (f"{name} gather+scatter", str(step["gather_scatter"])),
+            (
+                f"{name} gather+scatter",
+                f"{step['gather_scatter']} in the program, "
+                f"{step.get('gather_scatter_compiled', '-')} after the backend's passes",
+            ),
             (f"{name} est. step time", "-" if est is None else f"{est * 1e3:.2f} ms (compiler)"),
             (f"{name} compile time", f"{step['compile_time_s']:.1f} s"),
         ]

@@ -4,7 +4,10 @@ Train step: per-replica gradients with accumulation over K microbatches (loss
 normalisers taken from the whole global batch, so K microbatches give the same update
 as one batch), reduced over the data axis into the weight-update-sharded layout
 (reduce-scatter), the optimizer update on those shards, then parameters constrained
-back to their own layout (all-gather).
+back to their own layout (all-gather). Parameters with no dimension the data size
+divides take part through a flat zero-padded view (parallel/weight_update.py): the
+update runs on the view, whose parameter copy is sliced locally, and the new values
+are gathered and reshaped back.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mlperf.task import Task
 from mlperf.train_state import StateLayout, model_state_template
 from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
 from parallel.partition import Partitioner, is_logical_leaf
+from parallel.weight_update import UpdateLayout, from_views, to_views
 
 PyTree = Any
 # aux key carrying updated non-trainable model state (batch-norm running statistics)
@@ -93,7 +97,19 @@ def make_train_step(
         return total
 
     value_and_grads = data_parallel_value_and_grad(
-        local_grads, partitioner, layout.update_specs, grad_reduction or GradReduction()
+        local_grads, partitioner, layout.update_layouts, grad_reduction or GradReduction()
+    )
+    # A flat view is all-gathered as a view (then unpadding and reshaping are local);
+    # other leaves go straight to their parameter layout.
+    gathered_shardings = jax.tree.map(
+        lambda lay, param_sharding: (
+            partitioner.sharding(lay.gathered_spec(partitioner.data_axis))
+            if lay.flat
+            else param_sharding
+        ),
+        layout.update_layouts,
+        param_shardings,
+        is_leaf=lambda x: isinstance(x, UpdateLayout),
     )
 
     def train_step(state, batch, key):
@@ -104,9 +120,13 @@ def make_train_step(
         loss, aux, grads = value_and_grads(compute_params, batch, denominators, rng)
         # Weight-update sharding: each data replica updates only its slice.
         grads = jax.lax.with_sharding_constraint(grads, update_shardings)
-        updates, opt_state = tx.update(grads, state["opt_state"], params)
+        params_view = to_views(params, layout.update_layouts)
+        params_view = jax.lax.with_sharding_constraint(params_view, update_shardings)
+        updates, opt_state = tx.update(grads, state["opt_state"], params_view)
         updates = jax.lax.with_sharding_constraint(updates, update_shardings)
-        new_params = optax.apply_updates(params, updates)
+        new_view = optax.apply_updates(params_view, updates)
+        new_view = jax.lax.with_sharding_constraint(new_view, gathered_shardings)
+        new_params = from_views(new_view, layout.update_layouts)
         if has_model_state:
             stats = jax.tree.map(lambda x: x * model_state_scale, aux.pop(MODEL_STATE_KEY))
             new_params = _overwrite(new_params, stats)

@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 
 from parallel.partition import Partitioner, is_logical_leaf
+from parallel.weight_update import layout_specs, to_views, view_shapes
 
 PyTree = Any
 
@@ -32,6 +33,8 @@ class StateLayout:
     logical: PyTree  # params-shaped tree of logical axis tuples
     param_specs: PyTree
     update_specs: PyTree  # WUS: where gradients, optimizer state and updates live
+    # ... and in which shape: each parameter's own, or a flat padded view (UpdateLayout)
+    update_layouts: PyTree
     state_shardings: PyTree  # shardings of {step, params, opt_state}
     abstract_train_state: PyTree  # ShapeDtypeStructs with shardings
 
@@ -80,8 +83,11 @@ def build_state_layout(
         is_leaf=is_logical_leaf,
     )
     param_specs = partitioner.param_specs(logical, shapes)
-    update_specs = partitioner.update_specs(logical, shapes)
-    abstract_opt = jax.eval_shape(tx.init, shapes)
+    update_layouts = partitioner.update_layouts(logical, shapes)
+    update_specs = layout_specs(update_layouts)
+    # The optimizer state is shaped like the update views (flat padded views where no
+    # dimension of a parameter divides the data axis).
+    abstract_opt = jax.eval_shape(tx.init, view_shapes(update_layouts, shapes))
     update_shardings = partitioner.to_shardings(update_specs)
     # Optimizer leaves shaped like params follow the update (WUS) layout; counters etc.
     # are replicated.
@@ -109,6 +115,7 @@ def build_state_layout(
         logical,
         param_specs,
         update_specs,
+        update_layouts,
         state_shardings,
         abstract_train_state,
     )
@@ -129,6 +136,10 @@ def init_train_state(
         # in `params` next to the weights: it gets zero gradients, and the train step
         # overwrites it with the updated values after the optimizer step (steps.py).
         params = nnx.to_pure_dict(nnx.state(model, (nnx.Param, nnx.BatchStat)))
-        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+        return {
+            "step": jnp.zeros((), jnp.int32),
+            "params": params,
+            "opt_state": tx.init(to_views(params, layout.update_layouts)),
+        }
 
     return partitioner.jit(init, out_shardings=layout.state_shardings)()

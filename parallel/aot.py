@@ -117,6 +117,16 @@ def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
     }
 
 
+def program_gather_scatter(lowered: Any) -> int:
+    """gather/scatter ops in the program as written: the lowered, pre-backend HLO.
+
+    This is what the einsum rewrites control. A backend may add its own later: the CPU
+    compiler expands a max-pool gradient (`select-and-scatter`, native on TPU) into a
+    `scatter`, so counts on a CPU-compiled step would blame the model for the backend.
+    """
+    return int(hlo_op_stats(lowered.as_text(dialect="hlo"))["gather_scatter"])
+
+
 def bytes_per_device(tree: Any) -> int:
     """Bytes one device holds of a tree of sharded arrays / ShapeDtypeStructs (max shard)."""
     total = 0
@@ -131,15 +141,20 @@ def total_bytes(tree: Any) -> int:
     return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def compiled_stats(compiled: Any) -> dict[str, Any]:
+def compiled_stats(compiled: Any, lowered: Any = None) -> dict[str, Any]:
     """Memory analysis, cost analysis and HLO op statistics of a compiled executable.
 
     FLOPs and bytes are per device (the HLO is the SPMD-partitioned program of one
     device). `flops` counts each while body times its trip count (`hlo_flops`);
-    `flops_cost_analysis` is XLA's own count, which sees a loop body once.
+    `flops_cost_analysis` is XLA's own count, which sees a loop body once. Given the
+    `lowered` step too, `gather_scatter` counts the program as written
+    (`program_gather_scatter`) and `gather_scatter_compiled` the backend's output.
     """
     text = compiled.as_text()
     stats: dict[str, Any] = hlo_op_stats(text)
+    stats["gather_scatter_compiled"] = stats["gather_scatter"]
+    if lowered is not None:
+        stats["gather_scatter"] = program_gather_scatter(lowered)
     mem = compiled.memory_analysis()
     if mem is not None:
         stats["memory"] = {

@@ -7,8 +7,10 @@ so JAX does not insert its own all-reduce, and the partial gradients are then
 reduced by us:
 - weight-update sharding: `psum_scatter` along the dimension the update is sharded
   on, so the compiled step has a true reduce-scatter (and the later parameter
-  all-gather) on every backend, not an all-reduce followed by a slice;
-- otherwise (or for arrays with no divisible dimension): `psum`, an all-reduce.
+  all-gather) on every backend, not an all-reduce followed by a slice; arrays with no
+  dimension the data size divides are first put in their flat, zero-padded view
+  (parallel/weight_update.py) and scattered along its last dimension;
+- otherwise (WUS off, or leaves too small for the flat view): `psum`, an all-reduce.
 - another algorithm (`grad_allreduce`: linear_pipeline, ring, tree,
   bidirectional_exchange from parallel/collectives.py): the gradients are flattened
   into buckets, all-reduced with that algorithm (ppermute only), and each replica then
@@ -18,6 +20,7 @@ reduced by us:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -26,11 +29,20 @@ from jax.sharding import PartitionSpec
 
 from parallel import collectives
 from parallel.partition import Partitioner
+from parallel.weight_update import UpdateLayout
 
 XLA = "xla"
 GRAD_ALLREDUCE_ALGORITHMS = (XLA, *collectives.ALGORITHMS)
 
 PyTree = Any
+
+
+def _is_layout(x: Any) -> bool:
+    return isinstance(x, UpdateLayout)
+
+
+def _axes(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
 
 
 def _data_dim(spec: PartitionSpec, data_axis: str) -> int | None:
@@ -71,47 +83,69 @@ class GradReduction:
 
 
 def reduce_gradients(
-    grads: PyTree, update_specs: PyTree, data_axis: str, how: GradReduction = GradReduction()
+    grads: PyTree, layouts: PyTree, data_axis: str, how: GradReduction = GradReduction()
 ) -> PyTree:
-    """Sums per-replica gradients over `data_axis`; leaves with a data dimension in their
-    update spec come back as this replica's slice of the sum."""
+    """Sums per-replica gradients over `data_axis` into their update layouts (a tree of
+    `UpdateLayout`): leaves whose layout has a data dimension come back as this
+    replica's slice of the sum in the layout's view."""
     if how.algorithm != XLA:
-        return _custom_reduce(grads, update_specs, data_axis, how)
+        return _custom_reduce(grads, layouts, data_axis, how)
 
-    def one(g, spec):
-        dim = _data_dim(spec, data_axis)
+    def one(layout, g):
+        dim = _data_dim(layout.spec, data_axis)
         if dim is None:
             return jax.lax.psum(g, data_axis)
-        return jax.lax.psum_scatter(g, data_axis, scatter_dimension=dim, tiled=True)
+        view = layout.to_view(g)
+        return _scatter_model_local(view, layout, data_axis, dim)
 
-    return jax.tree.map(one, grads, update_specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    return jax.tree.map(one, layouts, grads, is_leaf=_is_layout)
 
 
-def _custom_reduce(
-    grads: PyTree, update_specs: PyTree, data_axis: str, how: GradReduction
-) -> PyTree:
+def _scatter_model_local(view: jax.Array, layout: UpdateLayout, data_axis: str, dim: int):
+    """psum_scatter over data of a view. A view also sharded over other (auto) axes on
+    other dimensions is scattered inside a shard_map manual over those axes too, so
+    each device reduces only its own model shard's elements: a reduce-scatter manual
+    over data alone first gathers the auto axes (measured: the full [hidden, mlp]
+    gradient on every model shard). A dimension shared by data and model, data-major,
+    is left to XLA (its model-local scatter would give the model-major order)."""
+    scatter = functools.partial(
+        jax.lax.psum_scatter, axis_name=data_axis, scatter_dimension=dim, tiled=True
+    )
+    spec = layout.gathered_spec(data_axis)
+    other_axes = {a for entry in spec for a in _axes(entry)}
+    if not other_axes or _axes(layout.spec[dim]) != (data_axis,):
+        return scatter(view)
+    return jax.shard_map(
+        scatter,
+        mesh=jax.sharding.get_abstract_mesh(),
+        in_specs=spec,
+        out_specs=spec,
+        axis_names=other_axes,
+    )(view)
+
+
+def _custom_reduce(grads: PyTree, layouts: PyTree, data_axis: str, how: GradReduction) -> PyTree:
     summed = collectives.tree_all_reduce(
         grads, data_axis, how.algorithm, how.bucket_bytes, how.num_chunks
     )
     index = jax.lax.axis_index(data_axis)
     size = jax.lax.axis_size(data_axis)
 
-    def keep_own_slice(g, spec):
-        dim = _data_dim(spec, data_axis)
+    def keep_own_slice(layout, g):
+        dim = _data_dim(layout.spec, data_axis)
         if dim is None:
             return g
-        n = g.shape[dim] // size
-        return jax.lax.dynamic_slice_in_dim(g, index * n, n, axis=dim)
+        view = layout.to_view(g)
+        n = view.shape[dim] // size
+        return jax.lax.dynamic_slice_in_dim(view, index * n, n, axis=dim)
 
-    return jax.tree.map(
-        keep_own_slice, summed, update_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
-    )
+    return jax.tree.map(keep_own_slice, layouts, summed, is_leaf=_is_layout)
 
 
 def data_parallel_value_and_grad(
     local_fn: Callable[[PyTree, PyTree, PyTree, jax.Array], tuple[jax.Array, dict, PyTree]],
     partitioner: Partitioner,
-    update_specs: PyTree,
+    layouts: PyTree,
     how: GradReduction = GradReduction(),
 ) -> Callable:
     """Wraps `local_fn(params, local_batch, shared, rng) -> (loss, aux, grads)`.
@@ -119,13 +153,12 @@ def data_parallel_value_and_grad(
     Returns fn(params, batch, shared, rng) -> (loss, aux, grads) where `batch` is the
     global batch (sharded over data), loss and aux are summed over replicas (tasks
     return contributions normalised by global denominators, so sums are the global
-    values), and grads come back in the update (WUS) layout.
+    values), and grads come back in their update (WUS) layouts, a tree of `UpdateLayout`
+    (`Partitioner.update_layouts`).
     """
     axis = partitioner.data_axis
     grad_out_specs = jax.tree.map(
-        lambda s: _manual_spec(s, axis),
-        update_specs,
-        is_leaf=lambda x: isinstance(x, PartitionSpec),
+        lambda layout: _manual_spec(layout.spec, axis), layouts, is_leaf=_is_layout
     )
 
     def per_replica(params, batch, shared, rng):
@@ -134,7 +167,7 @@ def data_parallel_value_and_grad(
         params = jax.tree.map(lambda p: jax.lax.pcast(p, axis, to="varying"), params)
         with partitioner.manual_over(axis):
             loss, aux, grads = local_fn(params, batch, shared, rng)
-        grads = reduce_gradients(grads, update_specs, axis, how)
+        grads = reduce_gradients(grads, layouts, axis, how)
         loss = jax.lax.psum(loss, axis)
         aux = jax.tree.map(lambda a: jax.lax.psum(a, axis), aux)
         return loss, aux, grads

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from parallel.mesh import mesh_shape
 from parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
+from parallel.weight_update import flat_layout, layout_specs, natural_layout
 
 PyTree = Any
 _ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar(
@@ -28,6 +29,11 @@ _ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar(
 _MANUAL: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "manual_axes", default=frozenset()
 )
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    """Mesh axes of one PartitionSpec entry."""
+    return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
 
 
 def is_logical_leaf(x: Any) -> bool:
@@ -133,15 +139,28 @@ class Partitioner:
 
         return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)
 
-    def update_specs(self, logical: PyTree, shapes: PyTree) -> PyTree:
-        """PartitionSpecs for optimizer state and the update computation (WUS)."""
+    def update_layouts(self, logical: PyTree, shapes: PyTree) -> PyTree:
+        """Where each parameter's gradient, optimizer state and update live (WUS): its own
+        shape with a data-sharded dimension, or, when no dimension divides the data
+        size, a flat zero-padded view sharded over data (parallel/weight_update.py)."""
+        wus = self.weight_update_sharding or self.fsdp
 
         def one(axes, shape):
             spec = self.spec(axes)
-            wus = self.weight_update_sharding or self.fsdp
-            return self._add_data_axis(spec, shape.shape) if wus else spec
+            if not wus:
+                return natural_layout(shape.shape, spec)
+            with_data = self._add_data_axis(spec, shape.shape)
+            if any(self.data_axis in _axes_of(e) for e in with_data):
+                return natural_layout(shape.shape, with_data)
+            # Also under FSDP: such a parameter itself stays replicated over data.
+            flat = flat_layout(shape.shape, spec, self.data_axis, self.axis_sizes)
+            return flat or natural_layout(shape.shape, spec)
 
         return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)
+
+    def update_specs(self, logical: PyTree, shapes: PyTree) -> PyTree:
+        """PartitionSpecs of the weight-update views (see `update_layouts`)."""
+        return layout_specs(self.update_layouts(logical, shapes))
 
     def to_shardings(self, specs: PyTree) -> PyTree:
         return jax.tree.map(self.sharding, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))

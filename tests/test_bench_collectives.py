@@ -62,3 +62,26 @@ def test_tpu_compiler_estimates_every_algorithm_on_a_v3_slice():
     assert by["tree"] > by["ring"]
     text = bench_collectives.table(rows)
     assert "| v3:4x4 (32) | 1,048,576 |" in text
+
+
+def test_no_tpu_estimates_flag_skips_the_aot_compiles(tmp_path):
+    """`launch.bench collectives --no_tpu_estimates`: CPU rows only, no topology rows."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import REPO, cpu_env
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.bench", "collectives", "--no_tpu_estimates"]
+        + ["--sizes=4K", "--device_counts=2", "--repeats=1", "--json"],
+        cwd=REPO,
+        env=cpu_env(2),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert {r["P"] for r in rows} == {2} and len(rows) == 5  # psum + 4 algorithms
+    assert not any("topology" in r for r in rows)

@@ -1,0 +1,188 @@
+"""Weight-update sharding layouts: where each parameter's gradient, optimizer state and
+update live over the data axis.
+
+The paper shards the weight update over all replicas. A parameter with a dimension
+that the data-axis size divides keeps its own shape and shards that dimension
+("natural" layout, `Partitioner._add_data_axis`). A parameter with no such dimension
+(BERT-large at data=2048: every dimension is 1024, 4096 or 30,528) would stay
+replicated, and with it its optimizer state. Those get a *flat* layout instead:
+
+    param [d_1, ..., d_n], dimension i split s_i ways over mesh axes (model, ...)
+    -> [s_1, ..., s_k, local]       each model shard's elements, shard-major
+    -> [s_1, ..., s_k, padded]      zero-padded to a multiple of the data size
+    spec (axes_1, ..., axes_k, data)
+
+Splitting a sharded dimension into (shards, per-shard) and moving the shard factors
+to the front keeps every model shard's elements on the devices that already hold
+them, so the view costs no communication over `model`. Gradients are reduce-scattered
+in this view, the optimizer state lives in it, the update is applied to the local
+slice, and the new parameter is all-gathered and reshaped back. The zero padding
+stays zero through Adam/LAMB/LARS/SGD updates (zero gradient, zero moments, zero
+weight), so norms (global-norm clipping, LAMB trust ratios) are those of the real
+elements. Leaves whose per-model-shard size is below the data size (scalars, a
+2-class bias) stay replicated: their bytes are negligible and padding would dominate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def _members(entry) -> tuple[str, ...]:
+    return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateLayout:
+    """One parameter's weight-update layout: natural (its own shape) or flat (see module).
+
+    `spec` places the view (the natural shape, or [*prefix, padded] when flat); the
+    other fields describe the flat view and are empty for a natural layout.
+    """
+
+    shape: tuple[int, ...]
+    spec: PartitionSpec
+    split: tuple[int, ...] = ()  # the shape with each sharded dim split (shards, per-shard)
+    perm: tuple[int, ...] = ()  # moves the shard factors of `split` to the front
+    prefix: tuple[int, ...] = ()  # shard counts of the sharded dims, in order
+    local_dims: tuple[int, ...] = ()  # per-shard dims after the permutation
+    padded: int = 0  # length of the padded last dim (0: natural layout)
+
+    @property
+    def flat(self) -> bool:
+        return self.padded > 0
+
+    @property
+    def view_shape(self) -> tuple[int, ...]:
+        return (*self.prefix, self.padded) if self.flat else self.shape
+
+    @property
+    def local(self) -> int:
+        return math.prod(self.local_dims)
+
+    def gathered_spec(self, data_axis: str) -> PartitionSpec:
+        """The view's spec without the data axis (after the all-gather)."""
+        entries = []
+        for entry in self.spec:
+            kept = tuple(m for m in _members(entry) if m != data_axis)
+            entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+        return PartitionSpec(*entries)
+
+    def _keep_model_shards(self, y: jax.Array) -> jax.Array:
+        """Pins the unpadded view [*prefix, local] to its model shards while tracing
+        under a mesh: left to itself, the partitioner may pull the data split of the
+        padded view back through the pad and reshape, and move elements across
+        devices to match it."""
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            return y
+        spec = PartitionSpec(*self.spec[:-1], None)
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
+
+    def to_view(self, x: jax.Array) -> jax.Array:
+        """The parameter-shaped `x` in this layout's view (identity when natural)."""
+        if not self.flat:
+            return x
+        y = x.reshape(self.split).transpose(self.perm)
+        y = self._keep_model_shards(y.reshape(*self.prefix, self.local))
+        pad = [(0, 0)] * len(self.prefix) + [(0, self.padded - self.local)]
+        return jnp.pad(y, pad)
+
+    def from_view(self, x: jax.Array) -> jax.Array:
+        """The inverse of `to_view`: drops the padding and restores the parameter shape."""
+        if not self.flat:
+            return x
+        y = self._keep_model_shards(x[..., : self.local])
+        y = y.reshape(*self.prefix, *self.local_dims)
+        inverse = [0] * len(self.perm)
+        for i, p in enumerate(self.perm):
+            inverse[p] = i
+        return y.transpose(inverse).reshape(self.shape)
+
+
+def natural_layout(shape: Sequence[int], spec: PartitionSpec) -> UpdateLayout:
+    return UpdateLayout(shape=tuple(int(d) for d in shape), spec=spec)
+
+
+def flat_layout(
+    shape: Sequence[int],
+    param_spec: PartitionSpec,
+    data_axis: str,
+    axis_sizes: Mapping[str, int],
+) -> UpdateLayout | None:
+    """The flat layout of a parameter sharded by `param_spec`, or None when it does not
+    apply (the data axis already used, a sharded dim not divisible by its shard count,
+    or fewer per-shard elements than data replicas)."""
+    shape = tuple(int(d) for d in shape)
+    data_size = int(axis_sizes[data_axis])
+    entries = list(param_spec) + [None] * (len(shape) - len(param_spec))
+    split, prefix_pos, local_pos, prefix, prefix_entries = [], [], [], [], []
+    for dim, entry in zip(shape, entries, strict=True):
+        members = _members(entry)
+        if data_axis in members:
+            return None
+        shards = math.prod(int(axis_sizes[m]) for m in members)
+        if shards > 1:
+            if dim % shards:
+                return None
+            prefix_pos.append(len(split))
+            split.append(shards)
+            prefix.append(shards)
+            prefix_entries.append(entry)
+            dim //= shards
+        local_pos.append(len(split))
+        split.append(dim)
+    local_dims = tuple(split[i] for i in local_pos)
+    local = math.prod(local_dims)
+    if data_size <= 1 or local < data_size:
+        return None
+    padded = -(-local // data_size) * data_size
+    return UpdateLayout(
+        shape=shape,
+        spec=PartitionSpec(*prefix_entries, data_axis),
+        split=tuple(split),
+        perm=tuple(prefix_pos + local_pos),
+        prefix=tuple(prefix),
+        local_dims=local_dims,
+        padded=padded,
+    )
+
+
+def _is_layout(x) -> bool:
+    return isinstance(x, UpdateLayout)
+
+
+def layout_specs(layouts) -> object:
+    """The PartitionSpec of each layout's view."""
+    return jax.tree.map(lambda lay: lay.spec, layouts, is_leaf=_is_layout)
+
+
+def view_shapes(layouts, shapes) -> object:
+    """ShapeDtypeStructs of the views of `shapes` (a params-shaped tree)."""
+    return jax.tree.map(
+        lambda lay, s: jax.ShapeDtypeStruct(lay.view_shape, s.dtype),
+        layouts,
+        shapes,
+        is_leaf=_is_layout,
+    )
+
+
+def to_views(tree, layouts) -> object:
+    """Each parameter-shaped leaf of `tree` in its layout's view."""
+    return jax.tree.map(lambda lay, x: lay.to_view(x), layouts, tree, is_leaf=_is_layout)
+
+
+def from_views(tree, layouts) -> object:
+    """Each view-shaped leaf of `tree` back in its parameter's shape."""
+    return jax.tree.map(lambda lay, x: lay.from_view(x), layouts, tree, is_leaf=_is_layout)
+
+
+def count_flat(layouts) -> int:
+    """How many leaves use the flat (padded) view."""
+    return sum(lay.flat for lay in jax.tree.leaves(layouts, is_leaf=_is_layout))

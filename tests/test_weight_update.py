@@ -1,0 +1,198 @@
+"""Weight-update sharding of parameters with no dimension the data axis divides: the
+flat zero-padded view (parallel/weight_update.py), its gradients, and whole train steps
+equal to the replicated update."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from conftest import small_bert_config, synthetic_bert_batch
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mlperf.train import build_trainer
+from parallel.aot import bytes_per_device, hlo_op_stats, total_bytes
+from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
+from parallel.mesh import build_mesh
+from parallel.partition import Partitioner
+from parallel.weight_update import count_flat, flat_layout, from_views, to_views
+
+pytestmark = pytest.mark.xdist_group("weight_update")
+
+
+def test_flat_layout_pads_to_the_data_size_and_round_trips():
+    sizes = {"data": 8, "model": 1}
+    x = np.arange(15, dtype=np.float32).reshape(5, 3) + 1
+    lay = flat_layout((5, 3), P(None, None), "data", sizes)
+    assert lay.view_shape == (16,) and lay.spec == P("data")
+    view = np.asarray(lay.to_view(jnp.asarray(x)))
+    np.testing.assert_array_equal(view[:15], x.ravel())
+    assert view[15] == 0  # the padding is zero
+    np.testing.assert_array_equal(np.asarray(lay.from_view(jnp.asarray(view))), x)
+    assert flat_layout((30,), P(None), "data", sizes).view_shape == (32,)
+    # Fewer elements than data replicas: stays replicated.
+    assert flat_layout((2,), P(None), "data", sizes) is None
+
+
+def test_flat_layout_keeps_model_shards_in_front():
+    # [30, 46] with 46 split over model=2: each model shard's 30 x 23 elements, padded.
+    sizes = {"data": 4, "model": 2}
+    lay = flat_layout((30, 46), P(None, "model"), "data", sizes)
+    assert lay.view_shape == (2, 692) and lay.spec == P("model", "data")
+    x = np.random.default_rng(0).normal(size=(30, 46)).astype(np.float32)
+    view = np.asarray(lay.to_view(jnp.asarray(x)))
+    np.testing.assert_array_equal(view[1, :690], x[:, 23:].ravel())  # model shard 1
+    np.testing.assert_array_equal(np.asarray(lay.from_view(jnp.asarray(view))), x)
+    # A model split that does not divide its dimension: no flat view.
+    assert flat_layout((30, 45), P(None, "model"), "data", sizes) is None
+
+
+def test_partitioner_picks_natural_flat_or_replicated(devices):
+    part = Partitioner(build_mesh(("data", "model"), (8, 1)))
+    logical = {"w": ("embed", "mlp"), "b": ("embed",), "tiny": ("classes",), "d": ("embed", None)}
+    shapes = {
+        "w": jax.ShapeDtypeStruct((5, 3), jnp.float32),
+        "b": jax.ShapeDtypeStruct((30,), jnp.float32),
+        "tiny": jax.ShapeDtypeStruct((2,), jnp.float32),
+        "d": jax.ShapeDtypeStruct((16, 3), jnp.float32),
+    }
+    layouts = part.update_layouts(logical, shapes)
+    assert layouts["w"].flat and layouts["b"].flat and count_flat(layouts) == 2
+    assert layouts["d"].spec == P("data", None) and not layouts["d"].flat
+    assert layouts["tiny"].spec == P(None) and not layouts["tiny"].flat
+    off = Partitioner(part.mesh, weight_update_sharding=False).update_layouts(logical, shapes)
+    assert count_flat(off) == 0
+
+
+@pytest.mark.parametrize("algorithm", ["xla", "ring"])
+def test_flat_gradients_are_reduce_scattered_model_locally(devices, algorithm):
+    """Per-replica gradients of a toy loss in flat views equal jax.grad of the whole batch
+    (XLA's reduce-scatter, or a ring all-reduce keeping each replica's slice); XLA's
+    reduce-scatter moves only each model shard's elements."""
+    part = Partitioner(build_mesh(("data", "model"), (4, 2)))
+    logical = {"w": ("embed", "mlp"), "b": ("embed",)}
+    rng = np.random.default_rng(1)
+    params = {
+        "w": rng.normal(size=(30, 46)).astype(np.float32),
+        "b": rng.normal(size=(30,)).astype(np.float32),
+    }
+    x = rng.normal(size=(8, 30)).astype(np.float32)
+    layouts = part.update_layouts(logical, jax.tree.map(jnp.asarray, params))
+    assert layouts["w"].spec == P("model", "data") and layouts["b"].spec == P("data")
+
+    def loss(p, batch):
+        return jnp.sum(jnp.tanh((batch + p["b"]) @ p["w"]) ** 2)
+
+    def local(p, batch, shared, key):
+        value, grads = jax.value_and_grad(loss)(p, batch)
+        return value, {}, grads
+
+    fn = data_parallel_value_and_grad(local, part, layouts, GradReduction(algorithm))
+    shardings = part.to_shardings(
+        jax.tree.map(part.spec, logical, is_leaf=lambda t: isinstance(t, tuple))
+    )
+    jitted = part.jit(
+        lambda p, b: fn(p, b, None, jax.random.key(0)),
+        in_shardings=(shardings, NamedSharding(part.mesh, P("data"))),
+    )
+    value, _, grads = jitted(params, x)
+    want_value, want = jax.value_and_grad(loss)(params, x)
+    np.testing.assert_allclose(value, want_value, rtol=1e-5)
+    got = from_views(jax.tree.map(np.asarray, grads), layouts)
+    for name in params:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+    assert grads["w"].sharding.spec == P("model", "data")
+    if algorithm != "xla":
+        return
+    text = jitted.lower(params, x).compile().as_text()
+    shapes = [line for line in text.splitlines() if " reduce-scatter(" in line]
+    # [30, 46] over model=2 and data=4: each device reduces its model shard's 692
+    # padded elements into 173, never the full 2 x 692.
+    assert any("f32[1,173]" in line for line in shapes), shapes
+    assert not any("f32[2,173]" in line for line in shapes), shapes
+
+
+def _train(config, batches):
+    trainer = build_trainer(config, prepare_data=False)
+    phase = trainer.phases[0]
+    step = trainer.lower_train_step(phase).compile()
+    state = trainer.init_state()
+    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
+    layout = trainer.partitioner.data_layout(phase.global_batch_size)
+    losses = []
+    for host_batch in batches:
+        global_batch = trainer.partitioner.host_to_global(host_batch, layout)
+        state, metrics = step(state, global_batch, key)
+        losses.append(float(metrics["loss"]))
+    opt = trainer.layout.abstract_train_state["opt_state"]
+    return {
+        "losses": losses,
+        "params": jax.tree.map(np.asarray, jax.device_get(state["params"])),
+        "opt_per_device": bytes_per_device(opt),
+        "opt_total": total_bytes(opt),
+        "flat": count_flat(trainer.layout.update_layouts),
+        "ops": hlo_op_stats(step.as_text())["collectives"],
+    }
+
+
+# hidden 30, 5 heads of 6, MLP 45: kernels (30, 45), (30, 5, 6), biases (30,), (5, 6),
+# (45,) - no dimension divisible by the data axis of 8.
+ODD = {"model.hidden_size": 30, "model.num_heads": 5, "model.mlp_dim": 45}
+
+
+@pytest.fixture(scope="module")
+def odd_runs(devices):
+    batches = [synthetic_bert_batch(16, seed=s) for s in (0, 1, 0)]
+    return {
+        wus: _train(
+            small_bert_config(
+                **ODD, **{"mesh.ici_shape": (8, 1), "parallel.weight_update_sharding": wus}
+            ),
+            batches,
+        )
+        for wus in (True, False)
+    }
+
+
+def test_odd_shapes_shard_their_optimizer_state_over_data(odd_runs):
+    wus, replicated = odd_runs[True], odd_runs[False]
+    assert wus["flat"] >= 20 and replicated["flat"] == 0
+    assert replicated["opt_per_device"] == replicated["opt_total"]
+    # 1/8 of the padded total, plus LAMB's counters and the replicated 2-class NSP bias.
+    assert wus["opt_total"] / 8 <= wus["opt_per_device"] <= wus["opt_total"] / 8 + 128
+    assert wus["opt_total"] < 1.01 * replicated["opt_total"]  # padding: under 1%
+    assert wus["ops"]["reduce-scatter"] >= 20 and replicated["ops"]["reduce-scatter"] == 0
+
+
+def test_odd_shapes_train_like_the_replicated_update(odd_runs):
+    """Same losses and parameters (float32 rounding: reduce-scatter sums in another
+    order than all-reduce)."""
+    wus, replicated = odd_runs[True], odd_runs[False]
+    assert wus["losses"][2] < wus["losses"][0]  # training on batch 0 again lowers its loss
+    np.testing.assert_allclose(wus["losses"], replicated["losses"], rtol=2e-5)
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(wus["params"]),
+        jax.tree.leaves(replicated["params"]),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+def test_views_round_trip_a_params_tree(devices):
+    part = Partitioner(build_mesh(("data", "model"), (8, 1)))
+    params = {"a": jnp.ones((5, 3)), "b": jnp.arange(30.0), "c": jnp.zeros((16, 2))}
+    logical = {"a": (None, None), "b": (None,), "c": (None, None)}
+    layouts = part.update_layouts(logical, params)
+    views = to_views(params, layouts)
+    assert views["a"].shape == (16,) and views["c"].shape == (16, 2)
+    back = from_views(views, layouts)
+    for name in params:
+        np.testing.assert_array_equal(back[name], params[name])
+    # LAMB on the view leaves the padding at zero (zero gradient, moments and weight).
+    tx = optax.lamb(1e-2, weight_decay=0.1)
+    grads = jax.tree.map(jnp.ones_like, params)
+    updates, _ = tx.update(to_views(grads, layouts), tx.init(views), views)
+    assert float(jnp.abs(updates["a"][15:]).max()) == 0.0
