@@ -7,6 +7,7 @@ need a mesh to be built.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
@@ -60,16 +61,23 @@ class DenseGeneral(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        n_in, n_out = len(self.in_shape), len(self.out_shape)
-        letters = "abcdefghijklm"
-        batch = "".join(letters[: x.ndim - n_in])
-        ins = "".join("nopqr"[:n_in])
-        outs = "".join("stuvw"[:n_out])
-        y = jnp.einsum(
-            f"{batch}{ins},{ins}{outs}->{batch}{outs}",
-            x.astype(self.dtype),
-            self.kernel[...].astype(self.dtype),
-        )
+        n_in = len(self.in_shape)
+        if x.shape[x.ndim - n_in :] != self.in_shape:
+            raise ValueError(
+                f"DenseGeneral expects inputs ending in {self.in_shape}, got shape {x.shape}."
+            )
+        lead = x.shape[: x.ndim - n_in]
+        # One 2-D matmul [M, K] @ [K, N] over the flattened leading and contracted dims,
+        # the same sums as the einsum over the original dims. Why: for the einsum's
+        # backward pass XLA:CPU builds the weight gradient as a transpose copy of the
+        # [B, L, N] cotangent plus a dot off its fast (YNNPACK) path, ~20% of a tiny BERT
+        # step; the 2-D form's gradient needs no copy (tiny MLP fwd+bwd 1.7x faster).
+        # The reshapes only merge dims (major sharded dims stay major), so SPMD keeps
+        # the same shardings; parameters keep their shapes and logical axes.
+        k = math.prod(self.in_shape)
+        kernel = self.kernel[...].astype(self.dtype).reshape(k, -1)
+        y = jnp.dot(x.astype(self.dtype).reshape(-1, k), kernel)
+        y = y.reshape(*lead, *self.out_shape)
         if self.bias is not None:
             y = y + self.bias[...].astype(self.dtype)
         return y
