@@ -9,7 +9,6 @@ with `transformers.BertForPreTraining.from_pretrained(DIR)`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -30,18 +29,11 @@ def export(workdir: str, output: str = "", step: int = -1, checkpoint_dir: str =
     import jax
 
     from mlperf.bert.hf_export import export_safetensors
-    from mlperf.checkpoint import CheckpointConfig, Checkpointer, committed_steps
+    from mlperf.checkpoint import CheckpointConfig, Checkpointer, checkpoint_metadata
     from mlperf.train import build_trainer
 
     directory = os.path.abspath(checkpoint_dir or os.path.join(workdir, "checkpoints"))
-    steps = committed_steps(directory)
-    if not steps:
-        raise FileNotFoundError(f"no checkpoints in {directory}; train with --workdir {workdir}")
-    step = steps[-1] if step < 0 else step
-    if step not in steps:
-        raise ValueError(f"no checkpoint for step {step} in {directory}; there are {steps}")
-    with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
-        meta = json.load(f)
+    step, meta = checkpoint_metadata(directory, step, workdir)
     config = ConfigDict(meta["config"])
     if config.benchmark != "bert":
         raise ValueError(f"--format safetensors exports BERT; this run is {config.benchmark!r}")

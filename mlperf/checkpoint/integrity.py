@@ -113,3 +113,17 @@ def committed_steps(directory: str) -> list[int]:
     if not os.path.isdir(directory):
         return []
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def checkpoint_metadata(directory: str, step: int = -1, workdir: str = "") -> tuple[int, dict]:
+    """(step, metadata) of the committed checkpoint `step` in `directory` (-1: the newest),
+    read without opening a CheckpointManager; a clear error when there is none."""
+    steps = committed_steps(directory)
+    if not steps:
+        hint = f"; train with --workdir {workdir}" if workdir else ""
+        raise FileNotFoundError(f"no checkpoints in {directory}{hint}")
+    step = steps[-1] if step < 0 else step
+    if step not in steps:
+        raise ValueError(f"no checkpoint for step {step} in {directory}; there are {steps}")
+    with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
+        return step, json.load(f)

@@ -27,17 +27,10 @@ def _config_and_step(workdir: str, step: int):
     """The run's config (from its checkpoint metadata) and the checkpoint step."""
     from ml_collections import ConfigDict
 
-    from mlperf.checkpoint import committed_steps
+    from mlperf.checkpoint import checkpoint_metadata
 
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    steps = committed_steps(directory)
-    if not steps:
-        raise FileNotFoundError(f"no checkpoints in {directory}; train with --workdir {workdir}")
-    step = steps[-1] if step < 0 else step
-    if step not in steps:
-        raise ValueError(f"no checkpoint for step {step} in {directory}; there are {steps}")
-    with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
-        meta = json.load(f)
+    step, meta = checkpoint_metadata(directory, step, workdir)
     return ConfigDict(meta["config"]), directory, step
 
 
