@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -138,3 +139,37 @@ def devices():
     devs = jax.devices()
     assert len(devs) == 8, "tests expect 8 fake CPU devices (conftest sets XLA_FLAGS)"
     return devs
+
+
+@dataclasses.dataclass
+class StepsRun:
+    """What `train_steps` leaves behind: the trainer, its compiled step, the final state
+    and the loss of every step."""
+
+    trainer: object
+    compiled: object
+    state: dict
+    losses: list[float]
+
+    def params(self) -> dict:
+        """The final parameters as numpy arrays."""
+        return jax.tree.map(np.asarray, jax.device_get(self.state["params"]))
+
+
+def train_steps(config, batches, devices=None) -> StepsRun:
+    """Builds the config's trainer (no data preparation), compiles its first phase's train
+    step and runs it on the given host batches (one process: host batch = global batch)."""
+    from mlperf.train import build_trainer
+
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    phase = trainer.phases[0]
+    compiled = trainer.lower_train_step(phase).compile()
+    state = trainer.init_state()
+    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
+    layout = trainer.partitioner.data_layout(phase.global_batch_size)
+    losses = []
+    for host_batch in batches:
+        batch = trainer.partitioner.host_to_global(host_batch, layout)
+        state, metrics = compiled(state, batch, key)
+        losses.append(float(metrics["loss"]))
+    return StepsRun(trainer, compiled, state, losses)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import small_bert_config, synthetic_bert_batch
+from conftest import small_bert_config, synthetic_bert_batch, train_steps
 
 from launch.inspect import inspect_config
 from mlperf.train import build_trainer
@@ -15,17 +15,8 @@ from parallel.aot import hlo_op_stats
 
 def run_steps(config, devices, batches):
     """Trains on `batches` and returns (losses, final params as numpy)."""
-    trainer = build_trainer(config, devices=devices, prepare_data=False)
-    phase = trainer.phases[0]
-    step = trainer.lower_train_step(phase).compile()
-    state = trainer.init_state()
-    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
-    layout = trainer.partitioner.data_layout(phase.global_batch_size)
-    losses = []
-    for host_batch in batches:
-        state, metrics = step(state, trainer.partitioner.host_to_global(host_batch, layout), key)
-        losses.append(float(metrics["loss"]))
-    return losses, jax.tree.map(np.asarray, jax.device_get(state["params"]))
+    run = train_steps(config, batches, devices)
+    return run.losses, run.params()
 
 
 BATCHES = [synthetic_bert_batch(16, seed=s) for s in (0, 1, 0, 1)]

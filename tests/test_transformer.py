@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 import sentencepiece as spm
+from conftest import train_steps
 
 from configs.transformer import get_config
 from input_pipeline import translation_tfds, translation_vocab
@@ -46,20 +47,10 @@ def packed_batches(n: int) -> list[dict[str, np.ndarray]]:
 
 
 def run_steps(config, devices, batches, compiled_text: list | None = None):
-    trainer = build_trainer(config, devices=devices, prepare_data=False)
-    phase = trainer.phases[0]
-    compiled = trainer.lower_train_step(phase).compile()
+    run = train_steps(config, batches, devices)
     if compiled_text is not None:
-        compiled_text.append(compiled.as_text())
-    state = trainer.init_state()
-    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
-    layout = trainer.partitioner.data_layout(phase.global_batch_size)
-    losses = []
-    for host_batch in batches:
-        batch = trainer.partitioner.host_to_global(host_batch, layout)
-        state, metrics = compiled(state, batch, key)
-        losses.append(float(metrics["loss"]))
-    return losses, jax.tree.map(np.asarray, jax.device_get(state["params"]))
+        compiled_text.append(run.compiled.as_text())
+    return run.losses, run.params()
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import small_bert_config, synthetic_bert_batch
+from conftest import small_bert_config, synthetic_bert_batch, train_steps
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mlperf.train import build_trainer
 from parallel.aot import bytes_per_device, hlo_op_stats, total_bytes
 from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
 from parallel.mesh import build_mesh
@@ -116,21 +115,12 @@ def test_flat_gradients_are_reduce_scattered_model_locally(devices, algorithm):
 
 
 def _train(config, batches):
-    trainer = build_trainer(config, prepare_data=False)
-    phase = trainer.phases[0]
-    step = trainer.lower_train_step(phase).compile()
-    state = trainer.init_state()
-    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
-    layout = trainer.partitioner.data_layout(phase.global_batch_size)
-    losses = []
-    for host_batch in batches:
-        global_batch = trainer.partitioner.host_to_global(host_batch, layout)
-        state, metrics = step(state, global_batch, key)
-        losses.append(float(metrics["loss"]))
+    run = train_steps(config, batches)
+    trainer, step = run.trainer, run.compiled
     opt = trainer.layout.abstract_train_state["opt_state"]
     return {
-        "losses": losses,
-        "params": jax.tree.map(np.asarray, jax.device_get(state["params"])),
+        "losses": run.losses,
+        "params": run.params(),
         "opt_per_device": bytes_per_device(opt),
         "opt_total": total_bytes(opt),
         "flat": count_flat(trainer.layout.update_layouts),
