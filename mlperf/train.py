@@ -116,9 +116,22 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     if prepare_data:
         layout0 = partitioner.data_layout(phases[0].global_batch_size)
         task.prepare(layout0.shard_index, layout0.shard_count)
-    # A task may bring its own schedule (the Transformer's rsqrt); else linear per phase.
-    task_schedule = getattr(task, "schedule", None)
-    schedule = (task_schedule() if task_schedule else None) or joined_schedule(
+    schedule = schedule_for(task, config, phases)
+    tx = build_optimizer(config.optimizer, schedule)
+    layout = build_state_layout(task.build_model, tx, partitioner, config.seed)
+    return Trainer(config, task, partitioner, phases, tx, schedule, layout)
+
+
+def schedule_for(task, config, phases: list | None = None) -> optax.Schedule:
+    """The task's own schedule (the Transformer's rsqrt) if it brings one, else linear
+    warmup/decay per phase with x`lr_drop_factor` drops at the task's `lr_drop_steps()`
+    (SSD converts epochs) or the config's `optimizer.lr_drop_steps`."""
+    own = getattr(task, "schedule", None)
+    if own is not None and (schedule := own()) is not None:
+        return schedule
+    task_drops = getattr(task, "lr_drop_steps", None)
+    drops = task_drops() if task_drops else tuple(config.optimizer.get("lr_drop_steps", ()))
+    return joined_schedule(
         [
             PhaseSchedule(
                 p.learning_rate,
@@ -126,15 +139,12 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
                 p.decay_steps,
                 p.steps,
                 power=config.optimizer.get("power", 1.0),
-                drop_steps=tuple(config.optimizer.get("lr_drop_steps", ())),
+                drop_steps=drops,
                 drop_factor=config.optimizer.get("lr_drop_factor", 0.1),
             )
-            for p in phases
+            for p in (task.phases() if phases is None else phases)
         ]
     )
-    tx = build_optimizer(config.optimizer, schedule)
-    layout = build_state_layout(task.build_model, tx, partitioner, config.seed)
-    return Trainer(config, task, partitioner, phases, tx, schedule, layout)
 
 
 def _platform_name() -> str:

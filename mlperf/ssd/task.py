@@ -15,13 +15,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
 from mlperf.coco_eval import CocoEvaluator
-from mlperf.optimizer import PhaseSchedule, phase_schedule
 from mlperf.ssd import data as ssd_data
 from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_boxes
 from mlperf.ssd.loss import ssd_loss_per_image
@@ -182,22 +180,6 @@ class SsdTask:
     def phases(self) -> list[Phase]:
         """One phase: the step drops live in the schedule, so the train step compiles once."""
         return [single_phase(self.config, {})]
-
-    def schedule(self) -> optax.Schedule:
-        """Linear warmup, then constant with x`lr_drop_factor` at each of lr_drop_steps()
-        (or the config's polynomial decay when there are no drops)."""
-        o, (p,) = self.config.optimizer, self.phases()
-        return phase_schedule(
-            PhaseSchedule(
-                p.learning_rate,
-                p.warmup_steps,
-                p.decay_steps,
-                p.steps,
-                power=o.power,
-                drop_steps=self.lr_drop_steps(),
-                drop_factor=o.lr_drop_factor,
-            )
-        )
 
     # ---- model -------------------------------------------------------------------------
     def model_config(self) -> SsdConfig:
