@@ -38,6 +38,12 @@ def _base() -> ConfigDict:
             max_position=512,
             type_vocab_size=2,
             dropout_rate=0.1,
+            # Stack the layers on a `stack` axis and lax.scan them: one layer's program
+            # whatever the depth (what makes BERT-large compile for a multipod).
+            # Changes the parameter tree: checkpoints of one form do not restore into
+            # the other.
+            scan_layers=False,
+            remat=False,  # recompute layer activations in the backward pass
         )
     )
     c.data = ConfigDict(
@@ -177,7 +183,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     elif arg == "base":
         c.mesh.ici_shape = (-1, 1)
     elif arg in ("large", "mlperf_v07"):
-        c.model.update(hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096)
+        c.model.update(
+            hidden_size=1024, num_layers=24, num_heads=16, mlp_dim=4096, scan_layers=True
+        )
         c.data.update(seq_length=512, max_predictions=76)
         c.mesh.ici_shape = (-1, 4)
         if arg == "mlperf_v07":

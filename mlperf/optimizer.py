@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 
@@ -72,11 +74,58 @@ def decay_mask(params) -> object:
     return jax.tree_util.tree_map_with_path(keep, params)
 
 
-def build_optimizer(opt_cfg, schedule: optax.Schedule) -> optax.GradientTransformation:
-    """optax transformation named by `opt_cfg.name` (lamb, adamw, adam, sgd, lars)."""
+def scale_by_layer_trust_ratio(stacked: Any) -> optax.GradientTransformation:
+    """LAMB's trust ratio ||w|| / ||u|| per layer: over a whole leaf, except that a
+    leaf whose leading dimension is a scanned layer stack (`stacked` is True for it)
+    gets one ratio per layer, its norms taken over the other dimensions. Without this
+    a stacked leaf would share one ratio across all its layers, another optimizer
+    than the unrolled model's. The state is optax's (checkpoints are unchanged)."""
+
+    def norm(x, axes):
+        return jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)), axis=axes, keepdims=True))
+
+    def ratio(update, param, is_stacked):
+        axes = tuple(range(1, update.ndim)) if is_stacked and update.ndim > 1 else None
+        p_norm, u_norm = norm(param, axes), norm(update, axes)
+        # A zero weight or a zero update keeps the update as it is (ratio 1).
+        zero = jnp.logical_or(p_norm == 0.0, u_norm == 0.0)
+        safe = jnp.where(zero, jnp.ones_like(p_norm), p_norm / jnp.where(zero, 1.0, u_norm))
+        return update * safe.astype(update.dtype)
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("the trust ratio needs the parameters: tx.update(u, s, params)")
+        return jax.tree.map(ratio, updates, params, stacked), state
+
+    return optax.GradientTransformation(lambda _: optax.ScaleByTrustRatioState(), update_fn)
+
+
+def build_optimizer(
+    opt_cfg, schedule: optax.Schedule, stacked: Any = None
+) -> optax.GradientTransformation:
+    """optax transformation named by `opt_cfg.name` (lamb, adamw, adam, sgd, lars).
+
+    `stacked`: a params-shaped tree of bools, True for leaves whose leading dimension is
+    a scanned layer stack; LAMB then takes its trust ratios per layer.
+    """
     name = opt_cfg.name
     adam_moments = {"b1": opt_cfg.b1, "b2": opt_cfg.b2, "eps": opt_cfg.eps}
-    if name in ("lamb", "adamw"):
+    has_stack = stacked is not None and any(jax.tree.leaves(stacked))
+    if name == "lamb" and has_stack:
+        # optax.lamb's chain with the per-layer trust ratio in place of the per-leaf one
+        # (the same state tree).
+        tx = optax.chain(
+            optax.scale_by_adam(**adam_moments),
+            optax.add_decayed_weights(opt_cfg.weight_decay, decay_mask),
+            scale_by_layer_trust_ratio(stacked),
+            optax.scale_by_learning_rate(schedule),
+        )
+    elif name == "lars" and has_stack:
+        raise ValueError(
+            "optimizer.name=lars with a scanned layer stack (model.scan_layers) is not "
+            "supported: its trust ratios would span all layers. Use lamb, or scan_layers=False."
+        )
+    elif name in ("lamb", "adamw"):
         make = optax.lamb if name == "lamb" else optax.adamw
         tx = make(schedule, **adam_moments, weight_decay=opt_cfg.weight_decay, mask=decay_mask)
     elif name == "adam":

@@ -35,7 +35,13 @@ from mlperf.reporting import params_fingerprint, summary_paragraph, write_result
 from mlperf.steps import batch_abstract, make_train_step
 from mlperf.task import Phase, Task
 from mlperf.tasks import get_task
-from mlperf.train_state import StateLayout, build_state_layout, init_train_state, param_count
+from mlperf.train_state import (
+    StateLayout,
+    build_state_layout,
+    init_train_state,
+    param_count,
+    stacked_leaves,
+)
 from mlperf.validate import check_workdir, validate
 from parallel.data_parallel import GradReduction
 from parallel.mesh import build_mesh, mesh_shape
@@ -117,7 +123,8 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
         layout0 = partitioner.data_layout(phases[0].global_batch_size)
         task.prepare(layout0.shard_index, layout0.shard_count)
     schedule = schedule_for(task, config, phases)
-    tx = build_optimizer(config.optimizer, schedule)
+    stacked = stacked_leaves(task.build_model, config.seed)
+    tx = build_optimizer(config.optimizer, schedule, stacked)
     layout = build_state_layout(task.build_model, tx, partitioner, config.seed)
     return Trainer(config, task, partitioner, phases, tx, schedule, layout)
 

@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 
 from parallel.partition import Partitioner, is_logical_leaf
+from parallel.rules import STACK_AXIS
 from parallel.weight_update import layout_specs, to_views, view_shapes
 
 PyTree = Any
@@ -49,6 +50,17 @@ def _logical_axes(abstract_state: nnx.State) -> PyTree:
     return nnx.to_pure_dict(
         abstract_state,
         extract_fn=lambda v: tuple(v.get_metadata().get("out_sharding") or ()) or None,
+    )
+
+
+def stacked_leaves(build_model: Callable[[nnx.Rngs], nnx.Module], seed: int) -> PyTree:
+    """A state-shaped tree of bools: True where a leaf's leading dimension is a scanned
+    layer stack (logical axis `stack`), e.g. BERT with `model.scan_layers`."""
+    abstract = nnx.state(nnx.eval_shape(lambda: build_model(nnx.Rngs(seed))))
+    return jax.tree.map(
+        lambda axes: bool(axes) and axes[0] == STACK_AXIS,
+        _logical_axes(abstract),
+        is_leaf=is_logical_leaf,
     )
 
 

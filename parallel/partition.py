@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from parallel.mesh import mesh_shape
-from parallel.rules import DEFAULT_RULES, Rules, logical_to_spec
+from parallel.rules import DEFAULT_RULES, STACK_AXIS, Rules, logical_to_spec
 from parallel.weight_update import flat_layout, layout_specs, natural_layout
 
 PyTree = Any
@@ -34,6 +34,11 @@ _MANUAL: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
 def _axes_of(entry: Any) -> tuple[str, ...]:
     """Mesh axes of one PartitionSpec entry."""
     return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def _stack_dims(logical_axes: Sequence[str | None] | None) -> tuple[int, ...]:
+    """Dimensions named `stack` (a scanned layer stack's leading axis)."""
+    return tuple(i for i, a in enumerate(logical_axes or ()) if a == STACK_AXIS)
 
 
 def is_logical_leaf(x: Any) -> bool:
@@ -105,12 +110,17 @@ class Partitioner:
         device_put, which needs addressable devices)."""
         return jax.jit(make, out_shardings=self.replicated())()
 
-    def _add_data_axis(self, spec: PartitionSpec, shape: Sequence[int]) -> PartitionSpec:
+    def _add_data_axis(
+        self, spec: PartitionSpec, shape: Sequence[int], avoid: Sequence[int] = ()
+    ) -> PartitionSpec:
         """Shards the first free dimension divisible by the data-axis size over `data`.
 
         This is weight-update sharding (ZeRO-1): state that is replicated over the data
         axis gets split across it, so a gradient all-reduce becomes reduce-scatter +
         all-gather. Arrays with no such dimension (biases of odd size, scalars) stay put.
+        Dimensions in `avoid` (a scanned layer stack) are never chosen: a scan slices
+        one layer per step, and under FSDP a stack sharded over `data` would have to be
+        gathered whole before the loop.
         """
         entries = list(spec) + [None] * (len(shape) - len(spec))
         used = {a for e in entries if e for a in ((e,) if isinstance(e, str) else e)}
@@ -121,6 +131,8 @@ class Partitioner:
         # reduce-scatter over data yields exactly this layout.
         for want_free in (True, False):
             for i, (dim, entry) in enumerate(zip(shape, entries, strict=True)):
+                if i in avoid:
+                    continue
                 members = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
                 if want_free != (not members):
                     continue
@@ -135,7 +147,7 @@ class Partitioner:
 
         def one(axes, shape):
             spec = self.spec(axes)
-            return self._add_data_axis(spec, shape.shape) if self.fsdp else spec
+            return self._add_data_axis(spec, shape.shape, _stack_dims(axes)) if self.fsdp else spec
 
         return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)
 
@@ -149,11 +161,13 @@ class Partitioner:
             spec = self.spec(axes)
             if not wus:
                 return natural_layout(shape.shape, spec)
-            with_data = self._add_data_axis(spec, shape.shape)
+            with_data = self._add_data_axis(spec, shape.shape, _stack_dims(axes))
             if any(self.data_axis in _axes_of(e) for e in with_data):
                 return natural_layout(shape.shape, with_data)
             # Also under FSDP: such a parameter itself stays replicated over data.
-            flat = flat_layout(shape.shape, spec, self.data_axis, self.axis_sizes)
+            flat = flat_layout(
+                shape.shape, spec, self.data_axis, self.axis_sizes, keep=_stack_dims(axes)
+            )
             return flat or natural_layout(shape.shape, spec)
 
         return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)

@@ -15,6 +15,9 @@ LogicalAxes = tuple[str | None, ...]
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
 # Every logical name a model may use. Unknown names are an error, not silent replication.
+# The leading axis of a scanned layer stack ([num_layers, ...] parameters).
+STACK_AXIS = "stack"
+
 LOGICAL_AXES = (
     "batch",
     "length",

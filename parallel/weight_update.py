@@ -50,7 +50,7 @@ class UpdateLayout:
     spec: PartitionSpec
     split: tuple[int, ...] = ()  # the shape with each sharded dim split (shards, per-shard)
     perm: tuple[int, ...] = ()  # moves the shard factors of `split` to the front
-    prefix: tuple[int, ...] = ()  # shard counts of the sharded dims, in order
+    prefix: tuple[int, ...] = ()  # kept (stack) dims whole, shard counts of sharded dims
     local_dims: tuple[int, ...] = ()  # per-shard dims after the permutation
     padded: int = 0  # length of the padded last dim (0: natural layout)
 
@@ -115,19 +115,33 @@ def flat_layout(
     param_spec: PartitionSpec,
     data_axis: str,
     axis_sizes: Mapping[str, int],
+    keep: Sequence[int] = (),
 ) -> UpdateLayout | None:
     """The flat layout of a parameter sharded by `param_spec`, or None when it does not
     apply (the data axis already used, a sharded dim not divisible by its shard count,
-    or fewer per-shard elements than data replicas)."""
+    or fewer per-shard elements than data replicas).
+
+    Dimensions in `keep` (a scanned layer stack, unsharded) stay whole dimensions in
+    front of the view, `[layers, *shards, padded]`, so each layer's elements remain
+    separate: per-layer norms (LAMB trust ratios) are sums over the other dimensions.
+    """
     shape = tuple(int(d) for d in shape)
     data_size = int(axis_sizes[data_axis])
     entries = list(param_spec) + [None] * (len(shape) - len(param_spec))
     split, prefix_pos, local_pos, prefix, prefix_entries = [], [], [], [], []
-    for dim, entry in zip(shape, entries, strict=True):
+    for i, (dim, entry) in enumerate(zip(shape, entries, strict=True)):
         members = _members(entry)
         if data_axis in members:
             return None
         shards = math.prod(int(axis_sizes[m]) for m in members)
+        if i in keep:
+            if shards > 1:
+                return None
+            prefix_pos.append(len(split))
+            split.append(dim)
+            prefix.append(dim)
+            prefix_entries.append(None)
+            continue
         if shards > 1:
             if dim % shards:
                 return None

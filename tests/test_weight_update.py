@@ -49,6 +49,40 @@ def test_flat_layout_keeps_model_shards_in_front():
     assert flat_layout((30, 45), P(None, "model"), "data", sizes) is None
 
 
+def test_a_kept_stack_dimension_stays_whole_in_front_of_the_view():
+    """A scanned layer stack [L, ...] keeps L as the view's first dimension, so each
+    layer's elements stay apart (per-layer LAMB trust ratios), and round-trips."""
+    sizes = {"data": 8, "model": 2}
+    x = np.random.default_rng(0).normal(size=(3, 30, 46)).astype(np.float32)
+    lay = flat_layout((3, 30, 46), P(None, None, "model"), "data", sizes, keep=(0,))
+    assert lay.view_shape == (3, 2, 696) and lay.spec == P(None, "model", "data")
+    view = np.asarray(lay.to_view(jnp.asarray(x)))
+    for layer in range(3):  # layer l's view holds exactly layer l's elements
+        np.testing.assert_allclose(np.square(view[layer]).sum(), np.square(x[layer]).sum())
+    np.testing.assert_array_equal(np.asarray(lay.from_view(jnp.asarray(view))), x)
+    # A stack dimension sharded over another axis cannot be kept whole.
+    assert flat_layout((4, 30), P("model", None), "data", sizes, keep=(0,)) is None
+
+
+def test_layer_trust_ratio_on_a_stacked_view_equals_lamb_per_layer():
+    """LAMB on a stacked leaf in its flat view = optax's per-leaf trust ratio applied to
+    each layer on its own."""
+    from mlperf.optimizer import scale_by_layer_trust_ratio
+
+    sizes = {"data": 8, "model": 2}
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 30, 46)).astype(np.float32) * np.array([1, 5, 0.1])[:, None, None]
+    u = rng.normal(size=(3, 30, 46)).astype(np.float32)
+    lay = flat_layout((3, 30, 46), P(None, None, "model"), "data", sizes, keep=(0,))
+    tx = scale_by_layer_trust_ratio({"w": True})
+    out, _ = tx.update({"w": lay.to_view(u)}, tx.init(None), {"w": lay.to_view(w)})
+    got = np.asarray(lay.from_view(out["w"]))
+    per_leaf = optax.scale_by_trust_ratio()
+    for layer in range(3):
+        want, _ = per_leaf.update(u[layer], per_leaf.init(None), w[layer])
+        np.testing.assert_allclose(got[layer], np.asarray(want), rtol=1e-5)
+
+
 def test_partitioner_picks_natural_flat_or_replicated(devices):
     part = Partitioner(build_mesh(("data", "model"), (8, 1)))
     logical = {"w": ("embed", "mlp"), "b": ("embed",), "tiny": ("classes",), "d": ("embed", None)}

@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 from safetensors.numpy import save_file
 
@@ -73,6 +74,14 @@ def _norm(prefix: str, p: Params) -> dict[str, np.ndarray]:
     }
 
 
+def _layer(layers: Params, i: int) -> Params:
+    """Layer i's parameters from either form: a list (`layers/<i>/...`) or a scanned
+    stack (`layers/...` with a leading [num_layers] dimension)."""
+    if "attention" in layers:
+        return jax.tree.map(lambda a: np.asarray(a)[i], layers)
+    return layers[i] if i in layers else layers[str(i)]
+
+
 def to_hf_state_dict(params: Params, num_layers: int) -> dict[str, np.ndarray]:
     """Our params (a pure dict of host arrays) -> HF BertForPreTraining tensor names."""
     out = {
@@ -86,9 +95,8 @@ def to_hf_state_dict(params: Params, num_layers: int) -> dict[str, np.ndarray]:
         "cls.predictions.bias": params["mlm_bias"],
         **_dense("cls.seq_relationship", params["nsp"]),
     }
-    layers = params["layers"]
     for i in range(num_layers):
-        layer = layers[i] if i in layers else layers[str(i)]
+        layer = _layer(params["layers"], i)
         att = layer["attention"]
         hf = f"bert.encoder.layer.{i}"
         for name in ("query", "key", "value"):

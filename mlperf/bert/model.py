@@ -34,6 +34,14 @@ class BertConfig:
     dropout_rate: float = 0.1
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
+    # One layer's parameters stacked on a leading `stack` axis and applied with lax.scan:
+    # the compiled program holds one layer whatever the depth (24-layer BERT-large
+    # compiles for 8192 TPU cores like a 1-layer one). Parameter paths become
+    # `layers/<name>` with a leading [num_layers] dim instead of `layers/<i>/<name>`.
+    scan_layers: bool = False
+    # Recompute each layer's activations in the backward pass (jax.checkpoint): memory
+    # for the per-layer activations traded for about one more forward pass.
+    remat: bool = False
 
 
 class EncoderLayer(nnx.Module):
@@ -55,6 +63,23 @@ class EncoderLayer(nnx.Module):
         x = self.attention_norm(x + h)
         x = self.mlp_norm(x + dropout(self.mlp(x), self.rate, r[2]))
         return constrain(x, ("batch", "length", "embed"))
+
+
+def _apply_layer(graphdef, state, x, mask, rng):
+    """One encoder layer as a pure function of its parameters (for scan and remat)."""
+    return nnx.merge(graphdef, state)(x, mask, rng)
+
+
+def stacked_encoder_layers(cfg: BertConfig, rngs: nnx.Rngs) -> EncoderLayer:
+    """`cfg.num_layers` EncoderLayers as one module whose parameters have a leading
+    [num_layers] dimension with the logical axis `stack`, each layer from its own key."""
+    keys = jax.random.split(rngs.params(), cfg.num_layers)
+
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "stack"})
+    def make(key):
+        return EncoderLayer(cfg, rngs=nnx.Rngs(params=key))
+
+    return make(keys)
 
 
 class BertForPreTraining(nnx.Module):
@@ -84,7 +109,10 @@ class BertForPreTraining(nnx.Module):
             dtype=dt,
         )
         self.embedding_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
-        self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.scan_layers:
+            self.layers = stacked_encoder_layers(cfg, rngs)
+        else:
+            self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.mlm_transform = DenseGeneral(
             (cfg.hidden_size,), (cfg.hidden_size,), ("embed", "embed"), rngs=rngs, dtype=dt
         )
@@ -104,10 +132,25 @@ class BertForPreTraining(nnx.Module):
         positions = self.position_embeddings.embedding[...][:length].astype(self.cfg.compute_dtype)
         x = self.word_embeddings(input_ids) + self.type_embeddings(segment_ids) + positions[None]
         x = constrain(self.embedding_norm(x), ("batch", "length", "embed"))
-        rngs = jax.random.split(rng, len(self.layers) + 1) if rng is not None else None
+        n = self.cfg.num_layers
+        rngs = jax.random.split(rng, n + 1) if rng is not None else None
         x = dropout(x, self.cfg.dropout_rate, None if rngs is None else rngs[-1])
+        apply = _apply_layer
+        if self.cfg.remat:
+            apply = jax.checkpoint(_apply_layer, static_argnums=(0,))
+        if self.cfg.scan_layers:
+            graphdef, stacked = nnx.split(self.layers)
+
+            def body(h, xs):
+                state, key = xs
+                return apply(graphdef, state, h, input_mask, key), None
+
+            # Layer i gets rngs[i] as in the unrolled loop, so both forms agree.
+            x, _ = jax.lax.scan(body, x, (stacked, None if rngs is None else rngs[:n]))
+            return x
         for i, layer in enumerate(self.layers):
-            x = layer(x, input_mask, None if rngs is None else rngs[i])
+            graphdef, state = nnx.split(layer)
+            x = apply(graphdef, state, x, input_mask, None if rngs is None else rngs[i])
         return x
 
     def __call__(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):

@@ -129,6 +129,8 @@ class BertTask:
             type_vocab_size=m.type_vocab_size,
             dropout_rate=m.dropout_rate,
             einsum_gather=self.config.einsum_gather,
+            scan_layers=bool(m.get("scan_layers", False)),
+            remat=bool(m.get("remat", False)),
             compute_dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
             ).compute_dtype,
