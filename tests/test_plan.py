@@ -15,12 +15,13 @@ pytestmark = pytest.mark.xdist_group("aot")
 def test_candidates_start_with_the_config_and_respect_the_batch():
     config = small_bert_config()  # mesh (2, 4), GBS 16
     cands = plan.candidates(config, "v3:2x2", 8, full=False)
-    assert cands[0] == plan.Candidate("v3:2x2", 4, "wus", 1)
+    assert cands[0] == plan.Candidate("v3:2x2", 4, "wus", 1, remat=False)
     assert {c.model for c in cands} == {1, 2, 4, 8}
+    assert {c.remat for c in cands} == {False, True}  # BERT's model.remat switch
     assert {c.mode for c in cands} == {"wus", "fsdp", "replicated"}
     for c in cands:  # every candidate's batch splits over data x microbatches
         assert config.train.global_batch_size % ((8 // c.model) * c.microbatches) == 0
-    assert plan.Candidate("v3:2x2", 1, "wus", 4) not in cands  # 16 % (8 x 4) != 0
+    assert plan.Candidate("v3:2x2", 1, "wus", 4, remat=False) not in cands  # 16 % (8 x 4) != 0
     full = plan.candidates(config, "v3:2x2", 8, full=True)
     assert len(full) > len(cands) and len(set(full)) == len(full)
 
