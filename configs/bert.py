@@ -43,6 +43,7 @@ def _base() -> ConfigDict:
             # Changes the parameter tree: checkpoints of one form do not restore into
             # the other.
             scan_layers=False,
+            scan_unroll=1,  # layers per scan iteration
             remat=False,  # recompute layer activations in the backward pass
         )
     )

@@ -173,6 +173,7 @@ def compiled_stats(compiled: Any, lowered: Any = None) -> dict[str, Any]:
     cost = cost or {}
     stats["flops"] = hlo_flops(text)
     stats["matmul_flops"] = hlo_flops(text, matmul_only=True)
+    stats["flops_loops_once"] = hlo_flops(text, loops_once=True)
     stats["flops_cost_analysis"] = float(cost.get("flops", 0.0))
     stats["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
     if "optimal_seconds" in cost:
@@ -274,6 +275,24 @@ def _trip_count(instr: dict, comps: dict[str, list[dict]], defs: dict[str, dict]
     return max(trips, 0)
 
 
+def _dilation_holes(instr_text: str) -> float:
+    """How many of a convolution's window taps fall on the zeros of an lhs (base)
+    dilation, as a divisor: window size / real taps per spatial dim. The TPU compiler
+    writes batched matmuls (attention's `bhqk`) as base-dilated convolutions whose
+    window of w taps with lhs_dilate=w reaches one real element; counting every tap
+    doubled a BERT step's FLOPs."""
+    window = _attr(instr_text, "window") or ""
+    size = re.search(r"size=([\dx]+)", window)
+    dilate = re.search(r"lhs_dilate=([\dx]+)", window)
+    if not size or not dilate:
+        return 1.0
+    divisor = 1.0
+    for w, d in zip(size.group(1).split("x"), dilate.group(1).split("x"), strict=False):
+        w, d = int(w), int(d)
+        divisor *= w / max(1, -(-w // d))
+    return divisor
+
+
 def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float:
     op, out = instr["op"], _dims(instr["type"])
     out_elems = float(np.prod(out)) if out else 1.0
@@ -289,8 +308,9 @@ def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float
         kernel = labels.split("_")[1].split("->")[0] if "_" in labels else ""
         if not rhs or "o" not in kernel:
             return 2.0 * out_elems
-        # Each output element sums over the kernel's input features x window.
-        return 2.0 * out_elems * float(np.prod(rhs)) / rhs[kernel.index("o")]
+        # Each output element sums over the kernel's input features x window taps.
+        taps = float(np.prod(rhs)) / rhs[kernel.index("o")]
+        return 2.0 * out_elems * taps / _dilation_holes(instr["text"])
     if matmul_only:
         return 0.0
     if op in _ELEMENTWISE:
@@ -301,9 +321,10 @@ def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float
     return 0.0
 
 
-def hlo_flops(hlo_text: str, matmul_only: bool = False) -> float:
+def hlo_flops(hlo_text: str, matmul_only: bool = False, loops_once: bool = False) -> float:
     """FLOPs of one execution of the HLO module, each while body times its trip count
-    (only dots and convolutions with `matmul_only`)."""
+    (only dots and convolutions with `matmul_only`; each body once with `loops_once`,
+    as XLA's cost analysis and step-time estimate see it)."""
     comps, entry = _parse_computations(hlo_text)
     if entry is None:
         return 0.0
@@ -320,7 +341,8 @@ def hlo_flops(hlo_text: str, matmul_only: bool = False) -> float:
             op = instr["op"]
             if op == "while":
                 body = _attr(instr["text"], "body")
-                total += _trip_count(instr, comps, defs) * flops(body or "")
+                trips = 1 if loops_once else _trip_count(instr, comps, defs)
+                total += trips * flops(body or "")
             elif op in ("fusion", "call") or op.endswith("-start") and "calls=" in instr["text"]:
                 called = _attr(instr["text"], "calls") or _attr(instr["text"], "to_apply")
                 total += flops(called or "")

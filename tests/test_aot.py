@@ -89,8 +89,8 @@ def test_bert_large_wus_on_the_multipod_divides_optimizer_state_by_data():
         trainer = build_trainer(config, devices=devices, prepare_data=False)
         opt = trainer.layout.abstract_train_state["opt_state"]
         sizes[wus] = bytes_per_device(opt)
-        if wus:
-            assert count_flat(trainer.layout.update_layouts) > 100
+        if wus:  # 13 with the scanned layer stack (one leaf per kind of layer parameter)
+            assert count_flat(trainer.layout.update_layouts) >= 10
     total = total_bytes(opt)
     # Replicated: split over model only (LayerNorm scales and some biases are whole).
     assert total / 4 <= sizes[False] < total / 3.5

@@ -39,6 +39,9 @@ class BertConfig:
     # compiles for 8192 TPU cores like a 1-layer one). Parameter paths become
     # `layers/<name>` with a leading [num_layers] dim instead of `layers/<i>/<name>`.
     scan_layers: bool = False
+    # Layers per scan iteration (lax.scan's unroll). inspect compiles 1 and 2 to read one
+    # layer's cost off the TPU compiler's estimate, which sees a loop body once.
+    scan_unroll: int = 1
     # Recompute each layer's activations in the backward pass (jax.checkpoint): memory
     # for the per-layer activations traded for about one more forward pass.
     remat: bool = False
@@ -146,7 +149,8 @@ class BertForPreTraining(nnx.Module):
                 return apply(graphdef, state, h, input_mask, key), None
 
             # Layer i gets rngs[i] as in the unrolled loop, so both forms agree.
-            x, _ = jax.lax.scan(body, x, (stacked, None if rngs is None else rngs[:n]))
+            xs = (stacked, None if rngs is None else rngs[:n])
+            x, _ = jax.lax.scan(body, x, xs, unroll=self.cfg.scan_unroll)
             return x
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)

@@ -130,6 +130,7 @@ class BertTask:
             dropout_rate=m.dropout_rate,
             einsum_gather=self.config.einsum_gather,
             scan_layers=bool(m.get("scan_layers", False)),
+            scan_unroll=int(m.get("scan_unroll", 1)),
             remat=bool(m.get("remat", False)),
             compute_dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
