@@ -33,9 +33,13 @@ def _base() -> ConfigDict:
             mask_convs=4,
             mask_roi_size=14,  # 28x28 masks
             anchor_scale=8.0,
+            anchor_num_scales=1,  # anchor sizes per octave: scale * stride * 2**(i/n)
             aspect_ratios=(1.0, 2.0, 0.5),
             canonical_roi_size=224.0,
             rpn_batch_per_image=256,
+            rpn_pos_iou=0.7,  # RPN matcher: positive at or above, negative below neg
+            rpn_neg_iou=0.3,
+            rpn_min_best_iou=0.0,  # a box's best anchors are positive if at least this
             rpn_pre_nms_train=2000,
             rpn_post_nms_train=1000,
             rpn_pre_nms_test=1000,
