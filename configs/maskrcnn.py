@@ -162,8 +162,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         # with 16 px anchors and positives at IoU 0.7, 77% of the boxes of 8 px or more
         # had no positive anchor, and 89% of the RPN's positives were anchors tied at a
         # tiny IoU around a box of a few pixels (the best-anchor rule). Two sizes per
-        # octave from 12 px, positives at 0.5 and the best-anchor rule only from IoU 0.3:
-        # 8% without a positive, 42% such weak positives.
+        # octave from 12 px and positives at 0.5: 8% without a positive anchor; the
+        # best-anchor rule only from IoU 0.3 turns the weak positives into negatives.
         c.model.update(
             anchor_scale=3.0,
             anchor_num_scales=2,
