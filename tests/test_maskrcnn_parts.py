@@ -150,6 +150,40 @@ def test_rpn_targets_label_best_anchor_and_sample_size():
     assert float(t["labels"][0, best]) == 1.0
 
 
+def test_rpn_targets_thresholds_and_minimum_best_iou():
+    """A 3 px box inside 16 px anchors ties at IoU ~0.035 with every anchor that contains
+    it: the best-anchor rule makes all of them positive unless min_best_iou drops it;
+    a lower pos_iou turns anchors between 0.5 and 0.7 positive."""
+    cfg = box_lib.AnchorConfig(aspect_ratios=(1.0,), anchor_scale=4.0)
+    anchors = jnp.asarray(box_lib.all_anchors((64, 64), cfg))
+    tiny = jnp.asarray([[[30.0, 30.0, 33.0, 33.0]]])
+    valid = jnp.asarray([[True]])
+    targets = jax.jit(
+        sampling.rpn_targets, static_argnames=("num", "pos_iou", "neg_iou", "min_best_iou")
+    )
+    loose = targets(jax.random.key(0), anchors, tiny, valid, num=64)
+    assert int(loose["labels"].sum()) > 1  # several tied "best" anchors, all IoU < 0.1
+    strict = targets(jax.random.key(0), anchors, tiny, valid, num=64, min_best_iou=0.3)
+    assert int(strict["labels"].sum()) == 0
+    assert int(strict["weights"].sum()) == 64  # its anchors are negatives now
+    # A 20 px box: no 16 px anchor reaches 0.7, some reach 0.5.
+    box = jnp.asarray([[[20.0, 20.0, 40.0, 40.0]]])
+    overlap = np.asarray(box_lib.iou(anchors, box[0]))[:, 0]
+    assert overlap.max() < 0.7 and (overlap >= 0.5).sum() > 1
+    at_07 = targets(jax.random.key(0), anchors, box, valid, num=64, min_best_iou=0.3)
+    at_05 = targets(jax.random.key(0), anchors, box, valid, num=64, pos_iou=0.5, min_best_iou=0.3)
+    labels_05 = np.asarray(at_05["labels"])[0] > 0
+    np.testing.assert_array_equal(labels_05, overlap >= 0.5)
+    assert int(at_07["labels"].sum()) == int((overlap >= overlap.max() - 1e-6).sum())
+
+
+def test_anchor_sizes_per_octave():
+    cfg = box_lib.AnchorConfig(num_scales=2, aspect_ratios=(1.0,), anchor_scale=3.0)
+    p2 = box_lib.level_anchors((64, 64), cfg)[0].reshape(16, 16, 2, 4)
+    sides = p2[0, 0, :, 2] - p2[0, 0, :, 0]
+    np.testing.assert_allclose(sides, [12.0, 12.0 * 2**0.5], rtol=1e-5)
+
+
 def test_mask_targets_resample_the_matched_crop():
     m = 16
     crop = np.zeros((1, 2, m, m), np.float32)

@@ -42,6 +42,9 @@ class MaskRcnnConfig:
     canonical_roi_size: float = 224.0  # ROI of this size maps to level 4
     rpn_batch_per_image: int = 256
     rpn_fg_fraction: float = 0.5
+    rpn_pos_iou: float = 0.7
+    rpn_neg_iou: float = 0.3
+    rpn_min_best_iou: float = 0.0  # the best-anchor-per-box positive needs this IoU
     rpn_pre_nms_train: int = 2000
     rpn_post_nms_train: int = 1000
     rpn_pre_nms_test: int = 1000
@@ -141,6 +144,9 @@ class MaskRcnn(nnx.Module):
             gt_valid,
             num=c.rpn_batch_per_image,
             fraction=c.rpn_fg_fraction,
+            pos_iou=c.rpn_pos_iou,
+            neg_iou=c.rpn_neg_iou,
+            min_best_iou=c.rpn_min_best_iou,
         )
         rpn_obj, rpn_box = losses.rpn_losses(
             jnp.concatenate(scores, 1),

@@ -66,18 +66,23 @@ def rpn_targets(
     fraction: float = 0.5,
     pos_iou: float = 0.7,
     neg_iou: float = 0.3,
+    min_best_iou: float = 0.0,
 ) -> dict[str, jax.Array]:
     """Objectness labels and box targets for anchors [A, 4] against gt [B, G, 4].
 
-    Positive: IoU >= pos_iou, or the best anchor of some ground truth; negative:
-    IoU < neg_iou. `num` anchors per image are sampled (half positive at most).
+    Positive: IoU >= pos_iou, or the best anchor (ties included) of a ground truth whose
+    best IoU is at least min_best_iou; negative: IoU < neg_iou. `num` anchors per image
+    are sampled (half positive at most). min_best_iou > 0 keeps a box far smaller than
+    every anchor from making positives of all the anchors that contain it (they tie at
+    a tiny IoU).
     """
     batch = gt_boxes.shape[0]
     anchors_b = jnp.broadcast_to(anchors, (batch, *anchors.shape))
     overlap = _masked_iou(anchors_b, gt_boxes, gt_valid)  # [B, A, G]
     best_iou = overlap.max(-1)
     best_for_gt = overlap.max(1, keepdims=True)  # [B, 1, G]
-    is_best = jnp.any((overlap >= best_for_gt - 1e-6) & (best_for_gt > 0.0), axis=-1)
+    good = (best_for_gt > 0.0) & (best_for_gt >= min_best_iou)
+    is_best = jnp.any((overlap >= best_for_gt - 1e-6) & good, axis=-1)
     positive = (best_iou >= pos_iou) | is_best
     negative = (best_iou < neg_iou) & (best_iou >= 0.0)
     pos, neg = sample_balanced(key, positive, negative, num, fraction)

@@ -34,19 +34,11 @@ def _config_and_step(workdir: str, step: int):
     return ConfigDict(meta["config"]), directory, step
 
 
-def _ground_truth(task, records) -> str:
-    """A COCO ground-truth file for `records` (the kept categories), written to /tmp."""
-    from input_pipeline.coco_records import eval_ground_truth, load_coco_json
-
-    folder = task._folder()
-    gt = eval_ground_truth(
-        load_coco_json(folder.annotations),
-        [{"image_id": int(r["image_id"])} for r in records],
-        task.data().label_to_category,
-    )
+def _write_ground_truth(task, records) -> str:
+    """`records`' COCO ground truth (the kept categories) as a JSON file in /tmp."""
     fd, path = tempfile.mkstemp(prefix="maskrcnn_gt_", suffix=".json")
     with os.fdopen(fd, "w") as f:
-        json.dump(gt, f)
+        json.dump(task.ground_truth_of(records), f)
     return path
 
 
@@ -55,10 +47,7 @@ def split_metrics(workdir: str, step: int = -1) -> list[dict[str, Any]]:
     the eval split and on the training split (one compiled eval step for all four)."""
     import jax
 
-    from input_pipeline import maskrcnn_data
-    from input_pipeline.grain_pipeline import padded_eval_batches
     from mlperf.checkpoint import CheckpointConfig, Checkpointer
-    from mlperf.coco_eval import CocoEvaluator
     from mlperf.evaluate import Evaluator
     from mlperf.train import build_trainer
 
@@ -70,22 +59,13 @@ def split_metrics(workdir: str, step: int = -1) -> list[dict[str, Any]]:
     ckpt.close()
     untrained = trainer.init_state()["params"]
     data = task.data()
-    p = task._input()
-    dtypes = {k: d for k, (_, d) in maskrcnn_data.example_spec(p, train=False).items()}
     size = config.train.eval_batch_size
     layout = trainer.partitioner.data_layout(size)
     evaluator, results = None, []
     for split, records in (("eval", data.eval), ("train", data.train)):
-        gt = data.eval_gt_path if split == "eval" else _ground_truth(task, records)
-        task._evaluator = CocoEvaluator(gt, data.label_to_category)
-        batches = padded_eval_batches(
-            maskrcnn_data.EvalExamples(records, p),
-            len(records),
-            size,
-            layout.shard_index,
-            layout.shard_count,
-            dtypes,
-        )
+        gt = data.eval_gt_path if split == "eval" else _write_ground_truth(task, records)
+        task.score_against(gt)
+        batches = task.eval_batches(records, size, layout.shard_index, layout.shard_count)
         if evaluator is None:
             evaluator = Evaluator(task, trainer.layout, trainer.partitioner, batches, size)
         evaluator.host_batches = batches  # same shapes: the compiled step is reused

@@ -4,6 +4,7 @@ segm, pycocotools on the hosts in a background thread), two quality targets."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -43,7 +44,8 @@ class MaskRcnnTask:
         self._evaluator: CocoEvaluator | None = None
 
     # ---- data ----------------------------------------------------------------------------
-    def _input(self) -> maskrcnn_data.MaskRcnnInput:
+    def input_params(self) -> maskrcnn_data.MaskRcnnInput:
+        """Example shapes and augmentation ranges from the config's data block."""
         d = self.config.data
         return maskrcnn_data.MaskRcnnInput(
             d.image_size, d.max_instances, d.mask_size, tuple(d.get("scale_range", (1.0, 1.0)))
@@ -52,7 +54,8 @@ class MaskRcnnTask:
     def _cache_dir(self) -> str:
         return os.path.expanduser(self.config.data.cache_dir or "~/.cache/multipod")
 
-    def _folder(self) -> CocoFolder:
+    def coco_folder(self) -> CocoFolder:
+        """The COCO-format source the config names (the embedded shapes set or a folder)."""
         d = self.config.data
         if d.source == "shapes":
             json_path, images = prepare_shapes(
@@ -79,7 +82,7 @@ class MaskRcnnTask:
     def data(self) -> CocoData:
         """The prepared (cached) data set."""
         if self._data is None:
-            self._data = prepare_coco(self._folder(), os.path.join(self._cache_dir(), "tfds"))
+            self._data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
         return self._data
 
     def prepare(self, shard_index: int, shard_count: int) -> None:
@@ -91,7 +94,7 @@ class MaskRcnnTask:
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
         return maskrcnn_data.train_loader(
             self.data().train,
-            self._input(),
+            self.input_params(),
             host_batch_size,
             seed=self.config.seed,
             shard_index=shard_index,
@@ -105,19 +108,54 @@ class MaskRcnnTask:
         return min(n, limit) if limit else n
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
-        p = self._input()
+        return self.eval_batches(
+            self.data().eval,
+            global_batch_size,
+            shard_index,
+            shard_count,
+            count=self.num_eval_examples(),
+        )
+
+    def eval_batches(
+        self,
+        records: Sequence[Any],
+        global_batch_size: int,
+        shard_index: int,
+        shard_count: int,
+        count: int = 0,
+    ):
+        """Padded eval batches (resize and pad, no augmentation) of the first `count`
+        (0: all) builder records: the eval split, or the training split to score what a
+        run learnt."""
+        p = self.input_params()
         dtypes = {k: d for k, (_, d) in maskrcnn_data.example_spec(p, train=False).items()}
         return padded_eval_batches(
-            maskrcnn_data.EvalExamples(self.data().eval, p),
-            self.num_eval_examples(),
+            maskrcnn_data.EvalExamples(records, p),
+            count or len(records),
             global_batch_size,
             shard_index,
             shard_count,
             dtypes,
         )
 
+    def ground_truth_of(self, records: Sequence[Any]) -> dict[str, Any]:
+        """COCO ground truth (kept categories only) of these records' images, from the
+        source annotations: what `score_against` needs to score a split other than eval."""
+        from input_pipeline.coco_records import eval_ground_truth, load_coco_json
+
+        return eval_ground_truth(
+            load_coco_json(self.coco_folder().annotations),
+            [{"image_id": int(r["image_id"])} for r in records],
+            self.data().label_to_category,
+        )
+
+    def score_against(self, gt_path: str) -> None:
+        """Makes `finalize_eval` score against the COCO ground-truth file gt_path (the
+        eval split's by default)."""
+        self._evaluator = CocoEvaluator(gt_path, self.data().label_to_category)
+
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
-        return maskrcnn_data.example_spec(self._input(), train=True)
+        return maskrcnn_data.example_spec(self.input_params(), train=True)
 
     # ---- phases and model ----------------------------------------------------------------
     def phases(self) -> list[Phase]:
@@ -149,6 +187,7 @@ class MaskRcnnTask:
             anchors=AnchorConfig(
                 min_level=2,
                 max_level=6,
+                num_scales=m.get("anchor_num_scales", 1),
                 aspect_ratios=tuple(m.aspect_ratios),
                 anchor_scale=m.anchor_scale,
             ),
@@ -158,6 +197,9 @@ class MaskRcnnTask:
             mask_roi_size=m.mask_roi_size,
             canonical_roi_size=m.canonical_roi_size,
             rpn_batch_per_image=m.rpn_batch_per_image,
+            rpn_pos_iou=m.get("rpn_pos_iou", 0.7),
+            rpn_neg_iou=m.get("rpn_neg_iou", 0.3),
+            rpn_min_best_iou=m.get("rpn_min_best_iou", 0.0),
             rpn_pre_nms_train=m.rpn_pre_nms_train,
             rpn_post_nms_train=m.rpn_post_nms_train,
             rpn_pre_nms_test=m.rpn_pre_nms_test,
