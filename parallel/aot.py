@@ -276,21 +276,15 @@ def _trip_count(instr: dict, comps: dict[str, list[dict]], defs: dict[str, dict]
 
 
 def _dilation_holes(instr_text: str) -> float:
-    """How many of a convolution's window taps fall on the zeros of an lhs (base)
-    dilation, as a divisor: window size / real taps per spatial dim. The TPU compiler
-    writes batched matmuls (attention's `bhqk`) as base-dilated convolutions whose
-    window of w taps with lhs_dilate=w reaches one real element; counting every tap
+    """The divisor of a convolution's window taps for an lhs (base) dilation d: of w
+    taps, w / d land on real elements on average (the rest on the inserted zeros). The
+    TPU compiler writes batched matmuls (attention's `bhqk`) as base-dilated
+    convolutions whose window of w taps with lhs_dilate=w reaches one real element, and
+    a strided convolution's input gradient dilates by the stride; counting every tap
     doubled a BERT step's FLOPs."""
     window = _attr(instr_text, "window") or ""
-    size = re.search(r"size=([\dx]+)", window)
     dilate = re.search(r"lhs_dilate=([\dx]+)", window)
-    if not size or not dilate:
-        return 1.0
-    divisor = 1.0
-    for w, d in zip(size.group(1).split("x"), dilate.group(1).split("x"), strict=False):
-        w, d = int(w), int(d)
-        divisor *= w / max(1, -(-w // d))
-    return divisor
+    return float(np.prod([int(d) for d in dilate.group(1).split("x")])) if dilate else 1.0
 
 
 def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float:

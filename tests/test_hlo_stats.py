@@ -106,6 +106,9 @@ def test_base_dilated_convolutions_count_only_real_taps():
     assert hlo_flops(DILATED_CONV_HLO, matmul_only=True) == 2 * 32 * 32 * 32 * 8
     plain = DILATED_CONV_HLO.replace(" stride=31 lhs_dilate=32", "")
     assert hlo_flops(plain, matmul_only=True) == 2 * 32 * 32 * 32 * 8 * 32
+    # A strided convolution's input gradient (lhs_dilate = stride): w / d real taps.
+    transposed = DILATED_CONV_HLO.replace("stride=31 lhs_dilate=32", "lhs_dilate=2")
+    assert hlo_flops(transposed, matmul_only=True) == 2 * 32 * 32 * 32 * 8 * 16
 
 
 def test_scan_flops_equal_the_unrolled_count():
