@@ -303,16 +303,14 @@ def test_checkpoint_of_another_model_is_a_clear_error(reference, tmp_path):
     assert "checkpoint [[32, 64], 'float32'] vs this model [[32, 128], 'float32']" in message
 
 
-def test_checkpoint_of_the_unrolled_form_into_a_scanned_stack_is_a_clear_error(
-    reference, tmp_path
-):
+def test_checkpoint_of_the_unrolled_form_into_a_scanned_stack_is_a_clear_error(reference, tmp_path):
     """`model.scan_layers` changes the parameter tree (`layers/0/...` -> `layers/...`
     with a leading stack dimension): restoring across the two forms names the paths."""
     workdir = _copy_until(reference, tmp_path / "scan", STEPS)
     with pytest.raises(CheckpointMismatchError) as e:
         run(_config(**{"model.scan_layers": True}), str(workdir))
     message = str(e.value)
-    assert "['params']['layers'][0]" in message and "not in this model" in message
+    assert "['params']['layers']['attention']" in message and "not in the checkpoint" in message
 
 
 def test_unwritable_or_full_workdir_fails_before_anything_is_built(tmp_path):
