@@ -102,8 +102,8 @@ def test_bert_large_wus_on_the_multipod_divides_optimizer_state_by_data():
 
 @pytest.mark.parametrize("rows", [64, 1024])
 def test_a_tpu_reduce_scatter_is_counted_in_either_form(rows):
-    """libtpu keeps a large reduce-scatter and rewrites a small one as all-reduce +
-    dynamic-slice (v3:2x2, groups of 4: 128 KB shards stay, 8 KB shards do not). The
+    """libtpu may keep a reduce-scatter or rewrite it as all-reduce + dynamic-slice
+    (v3:2x2, groups of 4: it kept the 128 KiB shard and rewrote the 8 KiB one). The
     stats see one reduce-scatter of the program either way, with the shard's bytes."""
     import jax
     import jax.numpy as jnp
