@@ -195,3 +195,46 @@ def test_max_pool_gradient_counts_no_scatter_in_the_program():
     assert stats["gather_scatter"] == 0
     # What the CPU backend made of it (seen by the count on the compiled step).
     assert stats["gather_scatter_compiled"] >= 1
+
+
+# A batched dot as libtpu rewrites it (Mask R-CNN's einsum RoIAlign at 256 px, v3:4x4):
+# the batch dimensions become windows over a base-dilated input, so only 1 tap in 2
+# (dim 0) and 1 in 512 (dim 1) reads a real element.
+BASE_DILATED_HLO = """
+%fused (param_0: bf16[2,8,256,512,7], param_1: bf16[2,512,7,8,1]) -> bf16[2,512,256,7,7] {
+  %param_0 = bf16[2,8,256,512,7]{2,1,4,3,0:T(8,128)(2,1)} parameter(0)
+  %param_1 = bf16[2,512,7,8,1]{2,3,4,1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %convolution-base-dilated.137 = bf16[2,512,256,7,7]{2,4,3,1,0:T(8,128)(2,1)} convolution(%param_0, %param_1), window={size=2x512x1 stride=1x511x1 lhs_dilate=2x512x1}, dim_labels=0fb12_01oi2->01b2f
+}
+
+ENTRY %main (a: bf16[2,8,256,512,7], b: bf16[2,512,7,8,1]) -> bf16[2,512,256,7,7] {
+  %a = bf16[2,8,256,512,7]{2,1,4,3,0} parameter(0)
+  %b = bf16[2,512,7,8,1]{2,3,4,1,0} parameter(1)
+  ROOT %f = bf16[2,512,256,7,7]{2,4,3,1,0} fusion(%a, %b), kind=kOutput, calls=%fused
+}
+"""  # noqa: E501
+
+
+def test_convolution_flops_skip_taps_on_dilation_holes_and_padding():
+    from parallel.aot import hlo_flops
+
+    # batch 256 x out features 7 x in features 8 x real (position, tap) pairs: 2 of 4
+    # in dim 0, 512 of 512x512 in dim 1, 7 in dim 2.
+    assert hlo_flops(BASE_DILATED_HLO, matmul_only=True) == 2 * 256 * 7 * 8 * (2 * 512 * 7)
+
+
+def test_strided_padded_and_transposed_convolution_flops_match_xla():
+    import jax
+    import jax.numpy as jnp
+
+    from parallel.aot import compiled_stats
+
+    def convs(x, w):
+        y = jax.lax.conv_general_dilated(x, w, (2, 2), ((1, 1), (1, 1)))  # strided, padded
+        return jax.lax.conv_general_dilated(  # transposed: base-dilated input
+            y, w, (1, 1), ((2, 2), (2, 2)), lhs_dilation=(2, 2)
+        ).sum()
+
+    x, w = jnp.ones((2, 8, 15, 15)), jnp.ones((8, 8, 3, 3))
+    stats = compiled_stats(jax.jit(jax.grad(convs, argnums=(0, 1))).lower(x, w).compile())
+    assert abs(stats["flops"] / stats["flops_cost_analysis"] - 1) < 0.05
