@@ -128,7 +128,7 @@ def inspect_config(config, devices=None, topology: str = "", eval_step: bool = F
     """
     import jax
 
-    from mlperf.steps import batch_abstract, make_eval_step
+    from mlperf.steps import batch_abstract
     from mlperf.train import build_trainer
     from mlperf.train_state import param_count
     from mlperf.validate import ConfigError, mesh_sizes
@@ -198,15 +198,38 @@ def inspect_config(config, devices=None, topology: str = "", eval_step: bool = F
         report["flops_per_step"] = train["flops_per_device"] * len(devices)
     if eval_step:
         spec = _eval_spec(trainer.task, trainer.phases[-1])
-        batch = config.train.eval_batch_size
-        fn = trainer.partitioner.jit(
-            make_eval_step(trainer.task, trainer.layout),
-            in_shardings=(trainer.layout.state_shardings["params"], None),
-            out_shardings=trainer.partitioner.replicated(),
-        )
-        abstract = batch_abstract(trainer.partitioner, spec, batch)
+        abstract = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
+        fn = _eval_program(trainer, state["params"], abstract)
         report["eval"] = _step_report(*_compile(lambda: fn.lower(state["params"], abstract)))
     return report
+
+
+def _eval_program(trainer, params, abstract):
+    """The jitted eval step the evaluator runs: the task's device sums and, for tasks
+    whose metrics are computed on the hosts (COCO mAP, BLEU), the per-example outputs
+    too (detections, beam search), sharded over the batch as mlperf.evaluate does. The
+    sums alone of such a task are only an example count: compiling them measured an
+    empty program (Mask R-CNN's "eval step" was 16 StableHLO ops, 2 FLOPs)."""
+    import jax
+
+    from mlperf.evaluate import has_host_metrics
+    from mlperf.steps import make_eval_step
+
+    task, layout, partitioner = trainer.task, trainer.layout, trainer.partitioner
+    sums_fn = make_eval_step(task, layout)
+    fn, out_shardings = sums_fn, partitioner.replicated()
+    if has_host_metrics(task):
+        outputs_fn = make_eval_step(task, layout, method="eval_outputs")
+
+        def fn(p, b):
+            return sums_fn(p, b), outputs_fn(p, b)
+
+        _, shapes = jax.eval_shape(fn, params, abstract)
+        rows = jax.tree.map(lambda s: partitioner.sharding(partitioner.batch_spec(s.ndim)), shapes)
+        out_shardings = (partitioner.replicated(), rows)
+    return partitioner.jit(
+        fn, in_shardings=(layout.state_shardings["params"], None), out_shardings=out_shardings
+    )
 
 
 def _gib(x: float | None) -> str:

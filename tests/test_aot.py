@@ -133,3 +133,19 @@ def test_a_tpu_reduce_scatter_is_counted_in_either_form(rows):
         stats["collective_bytes"]["reduce-scatter"] + stats["reduce_scatter_as_all_reduce_bytes"]
         == shard
     )
+
+
+def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
+    """Mask R-CNN's device sums are only an example count (mAP is computed on the
+    hosts): inspect must compile the detections the evaluator runs with them, not an
+    empty program."""
+    from configs.maskrcnn import get_config as maskrcnn_config
+
+    config = maskrcnn_config("tiny")
+    config.model.num_classes = 3  # no data prepared
+    r = inspect_config(config, devices, eval_step=True)
+    ev = r["eval"]
+    assert "error" not in ev
+    # The detector's forward pass (1.2e9 matmul FLOPs per device, more than the train
+    # step's 6.2e8: more proposals and a larger batch) against the count's 0.
+    assert ev["matmul_flops_per_device"] > 0.1 * r["train"]["matmul_flops_per_device"]
