@@ -151,6 +151,7 @@ def inspect_config(config, devices=None, topology: str = "", eval_step: bool = F
     phase = trainer.phases[0]
     state = trainer.layout.abstract_train_state
     train = _step_report(*_compile(lambda: trainer.lower_train_step(phase)))
+    logging.info("train step: %s", json.dumps(train))  # kept if the eval compile never ends
     params_b, opt_b = bytes_per_device(state["params"]), bytes_per_device(state["opt_state"])
     mem = train.get("memory", {})
     device = devices[0]
