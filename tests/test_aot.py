@@ -140,12 +140,17 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     hosts): inspect must compile the detections the evaluator runs with them, not an
     empty program."""
     from configs.maskrcnn import get_config as maskrcnn_config
+    from launch.inspect import _eval_program, _eval_spec
+    from mlperf.steps import batch_abstract
+    from parallel.aot import compiled_stats
 
     config = maskrcnn_config("tiny")
     config.model.num_classes = 3  # no data prepared
-    r = inspect_config(config, devices, eval_step=True)
-    ev = r["eval"]
-    assert "error" not in ev
-    # The detector's forward pass (1.2e9 matmul FLOPs per device, more than the train
-    # step's 6.2e8: more proposals and a larger batch) against the count's 0.
-    assert ev["matmul_flops_per_device"] > 0.1 * r["train"]["matmul_flops_per_device"]
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    params = trainer.layout.abstract_train_state["params"]
+    spec = _eval_spec(trainer.task, trainer.phases[-1])
+    batch = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
+    lowered = _eval_program(trainer, params, batch).lower(params, batch)
+    stats = compiled_stats(lowered.compile(), lowered)
+    # The detector's forward pass: 1.2e9 matmul FLOPs per device; the count alone has 0.
+    assert stats["matmul_flops"] > 1e8
