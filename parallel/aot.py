@@ -49,7 +49,8 @@ def replica_group_size(instr_text: str) -> int:
     """Devices in each replica group of a collective (1 when the text names none).
 
     Reads the three forms XLA prints: explicit `{{0,4},{1,5}}`, iota `[G,S]<=[N]` and
-    mesh `mesh['axis_0'=8,'axis_1'=4] {'axis_0'}` (the product of the named axes).
+    mesh `mesh['axis_0'=8,'axis_1'=4] {'axis_0'}` (the product of the named axes; also
+    with a `device_ids=(...)` order between the two).
     """
     m = re.search(r"replica_groups=\{\{([\d,]*)\}", instr_text)
     if m:
@@ -57,7 +58,10 @@ def replica_group_size(instr_text: str) -> int:
     m = re.search(r"replica_groups=\[\d+,(\d+)\]", instr_text)
     if m:
         return int(m.group(1))
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", instr_text)
+    # The mesh form may carry a device order first: `mesh[...], device_ids=([4,2]T(1,0)) {...}`.
+    m = re.search(
+        r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\S+)?\s*\{([^}]*)\}", instr_text
+    )
     if m:
         sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
         return int(np.prod([int(sizes.get(a, 1)) for a in re.findall(r"'([^']+)'", m.group(2))]))
@@ -83,7 +87,9 @@ def wire_bytes(op: str, result_bytes: int, group: int) -> float:
 def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
     """Counts collective ops (with result bytes and ring wire bytes per device) and
     gather/scatter ops in HLO text. Async pairs count once (the `-start` op); `-done`
-    ops are skipped.
+    ops are skipped. `reduce_scatter_as_all_reduce` counts the reduce-scatters that the
+    compiler rewrote as all-reduce + dynamic-slice (`sliced_all_reduces`); they are
+    still counted (and on the wire) as the all-reduces they are.
     """
     counts: Counter[str] = Counter()
     nbytes: Counter[str] = Counter()
@@ -114,7 +120,106 @@ def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
         "collective_bytes": {name: int(nbytes[name]) for name in COLLECTIVES},
         "collective_wire_bytes": {name: float(wire[name]) for name in COLLECTIVES},
         "gather_scatter": gather_scatter,
+        **sliced_all_reduces(hlo_text),
     }
+
+
+def _slices_one_dim(full: list[int], part: list[int], group: int) -> bool:
+    """Whether `part` is `full` cut along one dimension into a multiple of `group` pieces
+    (more than `group` when the slice also takes a model shard of a tensor that is
+    replicated over `model`, e.g. a bias laid out (model, data) by weight-update sharding).
+    """
+    if len(full) != len(part) or group < 2:
+        return False
+    cut = [i for i, (f, p) in enumerate(zip(full, part, strict=True)) if f != p]
+    return len(cut) == 1 and part[cut[0]] > 0 and full[cut[0]] % (group * part[cut[0]]) == 0
+
+
+def sliced_all_reduces(hlo_text: str) -> dict[str, int]:
+    """All-reduced tensors that are only ever read through a 1/group dynamic-slice.
+
+    That is a reduce-scatter written the long way, and it is how the TPU compiler
+    emits most of the reduce-scatters of weight-update sharding: its
+    `reduce-scatter-decomposer` pass turns a reduce-scatter into an all-reduce of the
+    whole gradient, combined with the other small all-reduces into one tuple
+    all-reduce, and each device's dynamic-slice of it fused into the optimizer update.
+    Which ones it rewrites is the compiler's choice per op (libtpu 0.0.42, one
+    `psum_scatter` of f32[N,128] compiled alone: on v3:2x2 in groups of 4 a 128 KiB shard
+    stayed a reduce-scatter and an 8 KiB one did not; on v3:4x4 in groups of 8 every
+    size from 8 KiB to 2 MiB stayed; in groups of 16 a 2 MiB shard was rewritten; over a
+    whole slice, every size was rewritten).
+    Counts each tensor of a combined all-reduce once; bytes are the slices' (the
+    shards a reduce-scatter would have produced).
+    """
+    comps, _ = _parse_computations(hlo_text)
+    count, nbytes = 0, 0
+    for instrs in comps.values():
+        users: dict[str, list[dict]] = {}
+        for instr in instrs:
+            for operand in instr["operands"]:
+                users.setdefault(operand, []).append(instr)
+        for instr in instrs:
+            if instr["op"] not in ("all-reduce", "all-reduce-start"):
+                continue
+            group = replica_group_size(instr["text"])
+            value = instr
+            if instr["op"] == "all-reduce-start":
+                done = [u for u in users.get(instr["name"], []) if u["op"] == "all-reduce-done"]
+                if len(done) != 1:
+                    continue
+                value = done[0]
+            for elem, dtype, dims in _elements(value, users):
+                parts = [_sliced_shape(u, elem, comps) for u in users.get(elem, [])]
+                if parts and all(p is not None and _slices_one_dim(dims, p, group) for p in parts):
+                    count += 1
+                    nbytes += int(np.prod(parts[0])) * _BYTES.get(dtype, 4)
+    return {"reduce_scatter_as_all_reduce": count, "reduce_scatter_as_all_reduce_bytes": nbytes}
+
+
+def _elements(value: dict, users: dict[str, list[dict]]) -> list[tuple[str, str, list[int]]]:
+    """(name, dtype, dims) of each tensor an all-reduce's result holds: the result
+    itself, or for a tuple (combined all-reduce) the get-tuple-elements that read it."""
+    shapes = _SHAPE.findall(value["type"])
+    if not value["type"].lstrip().startswith("("):
+        dtype, dims = shapes[0] if shapes else ("f32", "")
+        return [(value["name"], dtype, [int(d) for d in dims.split(",") if d])]
+    out = []
+    for user in users.get(value["name"], []):
+        index = re.search(r"\bindex=(\d+)", user["text"])
+        if user["op"] == "get-tuple-element" and index and int(index.group(1)) < len(shapes):
+            dtype, dims = shapes[int(index.group(1))]
+            out.append((user["name"], dtype, [int(d) for d in dims.split(",") if d]))
+    return out
+
+
+def _sliced_shape(user: dict, name: str, comps: dict[str, list[dict]]) -> list[int] | None:
+    """The shape `user` reads of `name` when it reads only a dynamic-slice of it, else None.
+
+    A fusion counts when every use of the matching parameter inside it is one
+    dynamic-slice of the same shape (the compiler fuses the slice into the update)."""
+    if user["op"] == "dynamic-slice":
+        return _dims(user["type"]) if user["operands"][:1] == [name] else None
+    if user["op"] != "fusion" or name not in user["operands"]:
+        return None
+    called = comps.get(_attr(user["text"], "calls") or "", [])
+    found: list[int] | None = None
+    for position, operand in enumerate(user["operands"]):
+        if operand != name:
+            continue
+        param = next(
+            (i for i in called if i["op"] == "parameter" and f"parameter({position})" in i["text"]),
+            None,
+        )
+        inner = [i for i in called if param is not None and param["name"] in i["operands"]]
+        if not inner or any(
+            i["op"] != "dynamic-slice" or i["operands"][0] != param["name"] for i in inner
+        ):
+            return None
+        shapes = {tuple(_dims(i["type"])) for i in inner}
+        if len(shapes) != 1 or (found is not None and list(shapes.pop()) != found):
+            return None
+        found = _dims(inner[0]["type"])
+    return found
 
 
 def program_gather_scatter(lowered: Any) -> int:
@@ -148,13 +253,18 @@ def compiled_stats(compiled: Any, lowered: Any = None) -> dict[str, Any]:
     device). `flops` counts each while body times its trip count (`hlo_flops`);
     `flops_cost_analysis` is XLA's own count, which sees a loop body once. Given the
     `lowered` step too, `gather_scatter` counts the program as written
-    (`program_gather_scatter`) and `gather_scatter_compiled` the backend's output.
+    (`program_gather_scatter`) and `gather_scatter_compiled` the backend's output, and
+    `reduce_scatter_program` the reduce-scatters as written.
     """
     text = compiled.as_text()
     stats: dict[str, Any] = hlo_op_stats(text)
     stats["gather_scatter_compiled"] = stats["gather_scatter"]
     if lowered is not None:
-        stats["gather_scatter"] = program_gather_scatter(lowered)
+        program = hlo_op_stats(lowered.as_text(dialect="hlo"))
+        stats["gather_scatter"] = program["gather_scatter"]
+        # The reduce-scatters written in the program (shard_map's psum_scatter), to set
+        # beside what the compiler kept and what it rewrote as all-reduce + slice.
+        stats["reduce_scatter_program"] = program["collectives"]["reduce-scatter"]
     mem = compiled.memory_analysis()
     if mem is not None:
         stats["memory"] = {
@@ -275,18 +385,6 @@ def _trip_count(instr: dict, comps: dict[str, list[dict]], defs: dict[str, dict]
     return max(trips, 0)
 
 
-def _dilation_holes(instr_text: str) -> float:
-    """The divisor of a convolution's window taps for an lhs (base) dilation d: of w
-    taps, w / d land on real elements on average (the rest on the inserted zeros). The
-    TPU compiler writes batched matmuls (attention's `bhqk`) as base-dilated
-    convolutions whose window of w taps with lhs_dilate=w reaches one real element, and
-    a strided convolution's input gradient dilates by the stride; counting every tap
-    doubled a BERT step's FLOPs."""
-    window = _attr(instr_text, "window") or ""
-    dilate = re.search(r"lhs_dilate=([\dx]+)", window)
-    return float(np.prod([int(d) for d in dilate.group(1).split("x")])) if dilate else 1.0
-
-
 def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float:
     op, out = instr["op"], _dims(instr["type"])
     out_elems = float(np.prod(out)) if out else 1.0
@@ -296,15 +394,23 @@ def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float
         k = np.prod([lhs[int(d)] for d in re.findall(r"\d+", contracting)] or [1])
         return 2.0 * out_elems * float(k)
     if op == "convolution":
+        lhs_def = defs.get(instr["operands"][0]) if instr["operands"] else None
         rhs_def = defs.get(instr["operands"][1]) if len(instr["operands"]) > 1 else None
         rhs = _dims(rhs_def["type"]) if rhs_def else []
-        labels = _attr(instr["text"], "dim_labels") or ""
+        m = re.search(r"\bdim_labels=(\w+_\w+->\w+)", instr["text"])
+        labels = m.group(1) if m else ""
         kernel = labels.split("_")[1].split("->")[0] if "_" in labels else ""
         if not rhs or "o" not in kernel:
             return 2.0 * out_elems
-        # Each output element sums over the kernel's input features x window taps.
-        taps = float(np.prod(rhs)) / rhs[kernel.index("o")]
-        return 2.0 * out_elems * taps / _dilation_holes(instr["text"])
+        taps = _conv_taps(instr["text"], labels, _dims(lhs_def["type"]) if lhs_def else [], out)
+        if taps is not None:
+            # Output batch x features x the kernel's input features x the (output
+            # position, window tap) pairs that read a real input element.
+            o_labels = labels.split("->")[1]
+            rows = out[o_labels.index("b")] * out[o_labels.index("f")]
+            return 2.0 * rows * rhs[kernel.index("i")] * taps
+        # Each output element sums over the kernel's input features x window.
+        return 2.0 * out_elems * float(np.prod(rhs)) / rhs[kernel.index("o")]
     if matmul_only:
         return 0.0
     if op in _ELEMENTWISE:
@@ -313,6 +419,55 @@ def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float
         src = defs.get(instr["operands"][0]) if instr["operands"] else None
         return float(np.prod(_dims(src["type"]) or [1])) if src else out_elems
     return 0.0
+
+
+def _window_field(window: str, key: str, count: int, default: int) -> list[int]:
+    m = re.search(rf"\b{key}=([\d\-_x]+)", window)
+    if not m:
+        return [default] * count
+    return [int(v) for v in m.group(1).split("x")]
+
+
+def _conv_taps(text: str, labels: str, lhs: list[int], out: list[int]) -> float | None:
+    """(output position, window tap) pairs of a convolution that land on a real input
+    element, multiplied over the spatial dimensions: the taps that fall on padding or
+    between base-dilated (`lhs_dilate`) elements read zeros and cost nothing.
+
+    Matters on TPU: the compiler rewrites batched dots as convolutions whose batch
+    dimensions become windows over a base-dilated input, e.g. `size=2x512x1
+    stride=1x511x1 lhs_dilate=2x512x1`, where 1 of every 512 taps is real. Counting all
+    taps overstated a Mask R-CNN step 11-78x. XLA's cost analysis counts the same way.
+    None when the text cannot be read (the caller then counts every tap).
+    """
+    m = re.search(r"window=\{([^}]*)\}", text)
+    parts = re.match(r"(\w+)_(\w+)->(\w+)$", labels)
+    if not parts:
+        return None
+    lhs_l, _, out_l = parts.groups()
+    spatial = sorted(c for c in out_l if c.isdigit())
+    if not m:
+        if not spatial:
+            return 1.0
+        return None
+    window = m.group(1)
+    n = len(spatial)
+    size = _window_field(window, "size", n, 1)
+    stride = _window_field(window, "stride", n, 1)
+    base = _window_field(window, "lhs_dilate", n, 1)
+    dil = _window_field(window, "rhs_dilate", n, 1)
+    pad_m = re.search(r"\bpad=([\d\-_x]+)", window)
+    pads = [p.split("_") for p in pad_m.group(1).split("x")] if pad_m else [["0", "0"]] * n
+    if not lhs or any(len(f) != n for f in (size, stride, base, dil, pads)):
+        return None
+    taps = 1.0
+    for d, label in enumerate(spatial):
+        size_in, size_out = lhs[lhs_l.index(label)], out[out_l.index(label)]
+        o = np.arange(size_out)[:, None]
+        k = np.arange(size[d])[None, :]
+        q = o * stride[d] + k * dil[d] - int(pads[d][0])  # position in the dilated input
+        real = (q >= 0) & (q % base[d] == 0) & (q // base[d] < size_in)
+        taps *= float(np.count_nonzero(real))
+    return taps
 
 
 def hlo_flops(hlo_text: str, matmul_only: bool = False, loops_once: bool = False) -> float:

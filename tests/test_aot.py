@@ -98,3 +98,59 @@ def test_bert_large_wus_on_the_multipod_divides_optimizer_state_by_data():
     # scales and biases, 1024 each) stay replicated: measured 361x, ~1.9 MB per core.
     assert 300 < sizes[False] / sizes[True] <= 2048
     assert sizes[True] < 2 << 20
+
+
+@pytest.mark.parametrize("rows", [64, 1024])
+def test_a_tpu_reduce_scatter_is_counted_in_either_form(rows):
+    """libtpu may keep a reduce-scatter or rewrite it as all-reduce + dynamic-slice
+    (v3:2x2, groups of 4: it kept the 128 KiB shard and rewrote the 8 KiB one). The
+    stats see one reduce-scatter of the program either way, with the shard's bytes."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from parallel.aot import compiled_stats
+
+    mesh = Mesh(np.array(get_topology("v3:2x2").devices).reshape(4, 2), ("data", "model"))
+
+    def scatter(x):
+        return jax.lax.psum_scatter(x * 2.0, "data", scatter_dimension=0, tiled=True)
+
+    step = jax.jit(
+        jax.shard_map(scatter, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec("data"))
+    )
+    x = jax.ShapeDtypeStruct(
+        (rows, 128), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec())
+    )
+    lowered = step.lower(x)
+    stats = compiled_stats(lowered.compile(), lowered)
+    native, sliced = stats["collectives"]["reduce-scatter"], stats["reduce_scatter_as_all_reduce"]
+    assert stats["reduce_scatter_program"] == 1
+    assert native + sliced == 1
+    shard = rows // 4 * 128 * 4
+    assert (
+        stats["collective_bytes"]["reduce-scatter"] + stats["reduce_scatter_as_all_reduce_bytes"]
+        == shard
+    )
+
+
+def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
+    """Mask R-CNN's device sums are only an example count (mAP is computed on the
+    hosts): inspect must compile the detections the evaluator runs with them, not an
+    empty program."""
+    from configs.maskrcnn import get_config as maskrcnn_config
+    from launch.inspect import _eval_program, _eval_spec
+    from mlperf.steps import batch_abstract
+    from parallel.aot import compiled_stats
+
+    config = maskrcnn_config("tiny")
+    config.model.num_classes = 3  # no data prepared
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    params = trainer.layout.abstract_train_state["params"]
+    spec = _eval_spec(trainer.task, trainer.phases[-1])
+    batch = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
+    lowered = _eval_program(trainer, params, batch).lower(params, batch)
+    stats = compiled_stats(lowered.compile(), lowered)
+    # The detector's forward pass: 1.2e9 matmul FLOPs per device; the count alone has 0.
+    assert stats["matmul_flops"] > 1e8

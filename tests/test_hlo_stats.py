@@ -36,6 +36,9 @@ def test_replica_group_sizes_in_every_printed_form():
         "all-reduce(%x), replica_groups=mesh['axis_0'=8,'axis_1'=4,'axis_2'=2] {'axis_0','axis_2'}"  # noqa: E501
     )
     assert replica_group_size(text) == 16
+    # libtpu also prints a device order between the mesh and the named axes.
+    text = "all-reduce(%x), replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0','axis_1'}, use"  # noqa: E501
+    assert replica_group_size(text) == 8
     assert replica_group_size("collective-permute(%x), source_target_pairs={{0,1}}") == 1
 
 
@@ -48,6 +51,63 @@ def test_wire_bytes_follow_the_ring_algorithm():
     assert wire_bytes("collective-permute", 64, 1) == 64
     stats = hlo_op_stats(HLO)
     assert stats["collective_wire_bytes"]["all-reduce"] == 16 * 32 * 4  # 2 x 1/2 x n
+
+
+# What the TPU compiler makes of weight-update sharding's reduce-scatters (libtpu,
+# v3:2x2): its reduce-scatter-decomposer pass rewrites most of them as an all-reduce of
+# the whole gradient, combined with others into one tuple all-reduce, and fuses each
+# device's dynamic-slice of it into the update. Shapes and layouts as libtpu prints them.
+SLICED_HLO = """
+%fused_slice (param_0: f32[64,128], param_1: u32[]) -> f32[16,128] {
+  %param_0 = f32[64,128]{1,0:T(8,128)} parameter(0)
+  %param_1 = u32[]{:T(256)S(6)} parameter(1)
+  %zero = u32[]{:T(256)} constant(0)
+  ROOT %dynamic-slice.2 = f32[16,128]{1,0:T(8,128)} dynamic-slice(%param_0, %param_1, %zero), dynamic_slice_sizes={16,128}
+}
+
+ENTRY %main (p: f32[64,128], q: f32[512], r: f32[8], v: f32[32,8], w: f32[32]) -> f32[] {
+  %p = f32[64,128]{1,0:T(8,128)} parameter(0)
+  %q = f32[512]{0:T(512)} parameter(1)
+  %r = f32[8]{0:T(256)} parameter(2)
+  %v = f32[32,8]{1,0:T(8,128)} parameter(3)
+  %w = f32[32]{0:T(256)} parameter(4)
+  %off = u32[]{:T(256)S(6)} parameter(5)
+  %all-reduce.323 = (f32[64,128]{1,0:T(8,128)}, f32[512]{0:T(512)}, f32[8]{0:T(256)}) all-reduce(%p, %q, %r), channel_id=3, replica_groups={{0,2,4,6},{1,3,5,7}}, use_global_device_ids=true, to_apply=%add
+  %gte.0 = f32[64,128]{1,0:T(8,128)} get-tuple-element(%all-reduce.323), index=0
+  %gte.1 = f32[512]{0:T(512)} get-tuple-element(%all-reduce.323), index=1
+  %gte.2 = f32[8]{0:T(256)} get-tuple-element(%all-reduce.323), index=2
+  %fusion.1 = f32[16,128]{1,0:T(8,128)} fusion(%gte.0, %off), kind=kLoop, calls=%fused_slice
+  %slice.1 = f32[64]{0:T(256)} dynamic-slice(%gte.1, %off), dynamic_slice_sizes={64}
+  %norm = f32[]{:T(256)} reduce(%gte.2, %zero), dimensions={0}, to_apply=%add
+  %all-reduce.1 = f32[32,8]{1,0:T(8,128)} all-reduce(%v), channel_id=4, replica_groups=[2,4]<=[8], to_apply=%add
+  %slice.2 = f32[8,8]{1,0:T(8,128)} dynamic-slice(%all-reduce.1, %off, %zero), dynamic_slice_sizes={8,8}
+  %ars = f32[32]{0:T(256)} all-reduce-start(%w), channel_id=5, replica_groups=[2,4]<=[8], to_apply=%add
+  %ard = f32[32]{0:T(256)} all-reduce-done(%ars)
+  %slice.3 = f32[8]{0:T(256)} dynamic-slice(%ard, %off), dynamic_slice_sizes={8}
+  %half = f32[16]{0:T(256)} dynamic-slice(%ard, %off), dynamic_slice_sizes={16}
+  ROOT %t = (f32[16,128], f32[64], f32[], f32[8,8], f32[8], f32[16]) tuple(%fusion.1, %slice.1, %norm, %slice.2, %slice.3, %half)
+}
+"""  # noqa: E501
+
+
+def test_all_reduce_read_through_a_dynamic_slice_counts_as_a_reduce_scatter():
+    stats = hlo_op_stats(SLICED_HLO)
+    assert stats["collectives"]["reduce-scatter"] == 0
+    assert stats["collectives"]["all-reduce"] == 3  # still on the wire as all-reduces
+    # The fused [16,128] slice and the [64] slice of the combined all-reduce (1/8 of 512
+    # over a group of 4: the model shard of a model-replicated bias), and [8,8] of [32,8]
+    # over a group of 4. Not: the [8] read whole by a reduce (a real all-reduce), nor the
+    # async [32] read both as 1/4 and as a half (the half needs the whole sum).
+    assert stats["reduce_scatter_as_all_reduce"] == 3
+    assert stats["reduce_scatter_as_all_reduce_bytes"] == (16 * 128 + 64 + 8 * 8) * 4
+
+
+def test_an_async_all_reduce_read_only_through_a_slice_counts_too():
+    text = SLICED_HLO.replace(", %half)", ")").replace(
+        "  %half = f32[16]{0:T(256)} dynamic-slice(%ard, %off), dynamic_slice_sizes={16}\n", ""
+    )
+    assert "%half" not in text
+    assert hlo_op_stats(text)["reduce_scatter_as_all_reduce"] == 4
 
 
 # A TPU-style loop (no known_trip_count): `i < 5` with i starting at 1 runs 4 times.
@@ -158,3 +218,46 @@ def test_max_pool_gradient_counts_no_scatter_in_the_program():
     assert stats["gather_scatter"] == 0
     # What the CPU backend made of it (seen by the count on the compiled step).
     assert stats["gather_scatter_compiled"] >= 1
+
+
+# A batched dot as libtpu rewrites it (Mask R-CNN's einsum RoIAlign at 256 px, v3:4x4):
+# the batch dimensions become windows over a base-dilated input, so only 1 tap in 2
+# (dim 0) and 1 in 512 (dim 1) reads a real element.
+BASE_DILATED_HLO = """
+%fused (param_0: bf16[2,8,256,512,7], param_1: bf16[2,512,7,8,1]) -> bf16[2,512,256,7,7] {
+  %param_0 = bf16[2,8,256,512,7]{2,1,4,3,0:T(8,128)(2,1)} parameter(0)
+  %param_1 = bf16[2,512,7,8,1]{2,3,4,1,0:T(8,128)(2,1)} parameter(1)
+  ROOT %convolution-base-dilated.137 = bf16[2,512,256,7,7]{2,4,3,1,0:T(8,128)(2,1)} convolution(%param_0, %param_1), window={size=2x512x1 stride=1x511x1 lhs_dilate=2x512x1}, dim_labels=0fb12_01oi2->01b2f
+}
+
+ENTRY %main (a: bf16[2,8,256,512,7], b: bf16[2,512,7,8,1]) -> bf16[2,512,256,7,7] {
+  %a = bf16[2,8,256,512,7]{2,1,4,3,0} parameter(0)
+  %b = bf16[2,512,7,8,1]{2,3,4,1,0} parameter(1)
+  ROOT %f = bf16[2,512,256,7,7]{2,4,3,1,0} fusion(%a, %b), kind=kOutput, calls=%fused
+}
+"""  # noqa: E501
+
+
+def test_convolution_flops_skip_taps_on_dilation_holes_and_padding():
+    from parallel.aot import hlo_flops
+
+    # batch 256 x out features 7 x in features 8 x real (position, tap) pairs: 2 of 4
+    # in dim 0, 512 of 512x512 in dim 1, 7 in dim 2.
+    assert hlo_flops(BASE_DILATED_HLO, matmul_only=True) == 2 * 256 * 7 * 8 * (2 * 512 * 7)
+
+
+def test_strided_padded_and_transposed_convolution_flops_match_xla():
+    import jax
+    import jax.numpy as jnp
+
+    from parallel.aot import compiled_stats
+
+    def convs(x, w):
+        y = jax.lax.conv_general_dilated(x, w, (2, 2), ((1, 1), (1, 1)))  # strided, padded
+        return jax.lax.conv_general_dilated(  # transposed: base-dilated input
+            y, w, (1, 1), ((2, 2), (2, 2)), lhs_dilation=(2, 2)
+        ).sum()
+
+    x, w = jnp.ones((2, 8, 15, 15)), jnp.ones((8, 8, 3, 3))
+    stats = compiled_stats(jax.jit(jax.grad(convs, argnums=(0, 1))).lower(x, w).compile())
+    assert abs(stats["flops"] / stats["flops_cost_analysis"] - 1) < 0.05
