@@ -148,29 +148,6 @@ def test_loop_flops_multiply_the_body_by_the_induction_variable_trip_count():
     assert hlo_flops(LOOP_HLO) == 4 * (dot + 1)  # + the counter's add
 
 
-# A TPU-compiled attention product (bqhd,bkhd->bhqk) as the TPU compiler writes it: a
-# convolution whose 32-tap window over a 32x base-dilated input reaches one real element.
-DILATED_CONV_HLO = """
-ENTRY %main (a: f32[32,32,8], b: f32[32,32,8]) -> f32[32,32,32] {
-  %a = f32[32,32,8]{2,1,0} parameter(0)
-  %b = f32[32,32,8]{2,1,0} parameter(1)
-  ROOT %conv = f32[32,32,32]{1,2,0} convolution(%a, %b), WINDOW, dim_labels=0bf_0oi->0bf
-}
-""".replace("WINDOW", "window={size=32 stride=31 lhs_dilate=32}")
-
-
-def test_base_dilated_convolutions_count_only_real_taps():
-    from parallel.aot import hlo_flops
-
-    # Each of the 32x32x32 outputs sums over 8 input features at one real tap, not 32.
-    assert hlo_flops(DILATED_CONV_HLO, matmul_only=True) == 2 * 32 * 32 * 32 * 8
-    plain = DILATED_CONV_HLO.replace(" stride=31 lhs_dilate=32", "")
-    assert hlo_flops(plain, matmul_only=True) == 2 * 32 * 32 * 32 * 8 * 32
-    # A strided convolution's input gradient (lhs_dilate = stride): w / d real taps.
-    transposed = DILATED_CONV_HLO.replace("stride=31 lhs_dilate=32", "lhs_dilate=2")
-    assert hlo_flops(transposed, matmul_only=True) == 2 * 32 * 32 * 32 * 8 * 16
-
-
 def test_scan_flops_equal_the_unrolled_count():
     import jax
     import jax.numpy as jnp
