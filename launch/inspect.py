@@ -155,7 +155,7 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
         c = config.copy_and_resolve_references()
         c.model.update(num_layers=n, scan_layers=False)
         trainer = build_trainer(c, devices=devices, prepare_data=False)
-        lowered, compiled, _, error = _compile(lambda t=trainer: t.lower_train_step(t.phases[0]))
+        _, compiled, _, _, error = _compile(lambda t=trainer: t.lower_train_step(t.phases[0]))
         if compiled is None:
             train["layer_estimate_error"] = (error or "").splitlines()[0][:300]
             return
