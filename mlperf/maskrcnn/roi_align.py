@@ -3,10 +3,11 @@
 ROIAlign samples each output bin at `sampling` x `sampling` points and averages their
 bilinear interpolations. Bilinear interpolation and the bin average are both separable,
 so a whole crop is two small weight matrices per ROI, Wy [out, H] and Wx [out, W], and
-the crop is `Wy @ F @ Wx^T` per channel: one einsum per FPN level, with the ROI's
-level folded into Wy as a 0/1 factor. This is the TPU form of the paper: MXU matmuls
-instead of gathers (which TPUs execute slowly and which the partitioner cannot split).
-`roi_align_gather` is the textbook four-corner version for testing equality.
+the crop is `Wy @ F @ Wx^T` per channel, per FPN level, with the ROI's level folded into
+Wy as a 0/1 factor; F @ Wx^T is contracted first (see roi_align_einsum for why). This
+is the TPU form of the paper: MXU matmuls instead of gathers (which TPUs execute slowly
+and which the partitioner cannot split). `roi_align_gather` is the textbook four-corner
+version for testing equality.
 
 Coordinates follow the "aligned" convention: a pixel's centre is at index + 0.5, so a
 box [y1, x1, y2, x2] in image pixels maps to y / stride - 0.5 in feature cells. Sample
@@ -21,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from mlperf.maskrcnn.boxes import roi_levels
+from parallel.partition import constrain
 
 
 def sample_coords(lo: jax.Array, hi: jax.Array, out_size: int, sampling: int) -> jax.Array:
@@ -72,7 +74,13 @@ def roi_align_einsum(
         wy = _axis_weights(boxes[..., 0], boxes[..., 2], stride, h, out_size, sampling)
         wx = _axis_weights(boxes[..., 1], boxes[..., 3], stride, w, out_size, sampling)
         wy = (wy * on_level).astype(feat.dtype)
-        crop = jnp.einsum("brph,bhwc,brqw->brpqc", wy, feat, wx.astype(feat.dtype))
+        # Width first, height last: with the height split over devices (spatial
+        # partitioning) the height contraction ends in an all-reduce of its partial sums,
+        # so it must produce the small [B, R, out, out, C] crop. Contracting height first
+        # all-reduces a [B, R, out, W, C] intermediate (W/out times larger, same FLOPs).
+        rows = jnp.einsum("bhwc,brqw->bhrqc", feat, wx.astype(feat.dtype))
+        rows = constrain(rows, ("batch", "height", None, None, "channels"))
+        crop = jnp.einsum("brph,bhrqc->brpqc", wy, rows)
         out = crop if out is None else out + crop
     return out
 
