@@ -147,7 +147,7 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
     Adds the two estimates and the extrapolation to `train`.
     """
     from mlperf.train import build_trainer
-    from parallel.aot import compiled_stats
+    from parallel.aot import cost_analysis
 
     layers = int(config.model.num_layers)
     estimates = []
@@ -159,7 +159,7 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
         if compiled is None:
             train["layer_estimate_error"] = (error or "").splitlines()[0][:300]
             return
-        estimates.append(compiled_stats(compiled)["optimal_seconds"])
+        estimates.append(float(cost_analysis(compiled)["optimal_seconds"]))
     per_layer = estimates[1] - estimates[0]
     train["layer_step_s"] = per_layer
     train["unrolled_1_2_layer_step_s"] = estimates
@@ -183,6 +183,7 @@ def inspect_config(
     """
     import jax
 
+    from mlperf.evaluate import eval_program
     from mlperf.steps import batch_abstract
     from mlperf.train import build_trainer
     from mlperf.train_state import param_count
@@ -259,39 +260,13 @@ def inspect_config(
     if eval_step:
         spec = _eval_spec(trainer.task, trainer.phases[-1])
         abstract = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
-        fn = _eval_program(trainer, state["params"], abstract)
+        fn = eval_program(
+            trainer.task, trainer.layout, trainer.partitioner, state["params"], abstract
+        )
         report["eval"] = _step_report(
             *_compile(lambda: fn.lower(state["params"], abstract)), peak_flops=peak
         )
     return report
-
-
-def _eval_program(trainer, params, abstract):
-    """The jitted eval step the evaluator runs: the task's device sums and, for tasks
-    whose metrics are computed on the hosts (COCO mAP, BLEU), the per-example outputs
-    too (detections, beam search), sharded over the batch as mlperf.evaluate does. The
-    sums alone of such a task are only an example count: compiling them measured an
-    empty program (Mask R-CNN's "eval step" was 16 StableHLO ops, 2 FLOPs)."""
-    import jax
-
-    from mlperf.evaluate import has_host_metrics
-    from mlperf.steps import make_eval_step
-
-    task, layout, partitioner = trainer.task, trainer.layout, trainer.partitioner
-    sums_fn = make_eval_step(task, layout)
-    fn, out_shardings = sums_fn, partitioner.replicated()
-    if has_host_metrics(task):
-        outputs_fn = make_eval_step(task, layout, method="eval_outputs")
-
-        def fn(p, b):
-            return sums_fn(p, b), outputs_fn(p, b)
-
-        _, shapes = jax.eval_shape(fn, params, abstract)
-        rows = jax.tree.map(lambda s: partitioner.sharding(partitioner.batch_spec(s.ndim)), shapes)
-        out_shardings = (partitioner.replicated(), rows)
-    return partitioner.jit(
-        fn, in_shardings=(layout.state_shardings["params"], None), out_shardings=out_shardings
-    )
 
 
 def _estimate_text(step: dict[str, Any]) -> str:

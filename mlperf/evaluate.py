@@ -55,26 +55,7 @@ class Evaluator:
         abstract = batch_abstract(partitioner, spec_of(host_batches[0]), global_batch_size)
         params = layout.abstract_train_state["params"]
         self.with_outputs = has_host_metrics(task)
-        sums_fn = make_eval_step(task, layout)
-        if self.with_outputs:
-            # One program computes the sums and the per-example outputs, so the forward
-            # pass they share runs (and the global batch is assembled) once per batch.
-            # Outputs stay sharded over `batch`: each host reads back only its own rows.
-            outputs_fn = make_eval_step(task, layout, method="eval_outputs")
-
-            def fn(p, b):
-                return sums_fn(p, b), outputs_fn(p, b)
-
-            _, shapes = jax.eval_shape(fn, params, abstract)
-            row_shardings = jax.tree.map(
-                lambda s: partitioner.sharding(partitioner.batch_spec(s.ndim)), shapes
-            )
-            out_shardings = (partitioner.replicated(), row_shardings)
-        else:
-            fn, out_shardings = sums_fn, partitioner.replicated()
-        step = partitioner.jit(
-            fn, in_shardings=(layout.state_shardings["params"], None), out_shardings=out_shardings
-        )
+        step = eval_program(task, layout, partitioner, params, abstract)
         self.compiled = step.lower(params, abstract).compile()
 
     @property
@@ -131,6 +112,33 @@ class Evaluator:
     def evaluate(self, params: Any) -> dict[str, float]:
         """Final metrics (task.finalize_eval over the global sums), waiting for them."""
         return self.start(params)()
+
+
+def eval_program(
+    task: Task, layout: StateLayout, partitioner: Partitioner, params: Any, abstract: Any
+):
+    """The jitted eval step: the task's on-device sums and, for tasks with host metrics
+    (COCO mAP, BLEU), the per-example outputs too, in one program, so the forward pass
+    they share runs (and the global batch is assembled) once per batch. Outputs stay
+    sharded over `batch`: each host reads back only its own rows. `params` and
+    `abstract` (the batch) may be abstract; they give the output shapes."""
+    sums_fn = make_eval_step(task, layout)
+    if not has_host_metrics(task):
+        fn, out_shardings = sums_fn, partitioner.replicated()
+    else:
+        outputs_fn = make_eval_step(task, layout, method="eval_outputs")
+
+        def fn(p, b):
+            return sums_fn(p, b), outputs_fn(p, b)
+
+        _, shapes = jax.eval_shape(fn, params, abstract)
+        row_shardings = jax.tree.map(
+            lambda s: partitioner.sharding(partitioner.batch_spec(s.ndim)), shapes
+        )
+        out_shardings = (partitioner.replicated(), row_shardings)
+    return partitioner.jit(
+        fn, in_shardings=(layout.state_shardings["params"], None), out_shardings=out_shardings
+    )
 
 
 def has_host_metrics(task: Task) -> bool:

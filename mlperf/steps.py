@@ -24,7 +24,7 @@ from mlperf.task import Task
 from mlperf.train_state import StateLayout, model_state_template
 from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
 from parallel.partition import Partitioner, is_logical_leaf
-from parallel.weight_update import UpdateLayout, from_views, to_views
+from parallel.weight_update import from_views, is_layout, to_views
 
 PyTree = Any
 # aux key carrying updated non-trainable model state (batch-norm running statistics)
@@ -109,7 +109,7 @@ def make_train_step(
         ),
         layout.update_layouts,
         param_shardings,
-        is_leaf=lambda x: isinstance(x, UpdateLayout),
+        is_leaf=is_layout,
     )
 
     def train_step(state, batch, key):

@@ -37,6 +37,7 @@ from mlperf.task import Phase, Task
 from mlperf.tasks import get_task
 from mlperf.train_state import (
     StateLayout,
+    abstract_model,
     build_state_layout,
     init_train_state,
     param_count,
@@ -123,9 +124,9 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
         layout0 = partitioner.data_layout(phases[0].global_batch_size)
         task.prepare(layout0.shard_index, layout0.shard_count)
     schedule = schedule_for(task, config, phases)
-    stacked = stacked_leaves(task.build_model, config.seed)
-    tx = build_optimizer(config.optimizer, schedule, stacked)
-    layout = build_state_layout(task.build_model, tx, partitioner, config.seed)
+    model = abstract_model(task.build_model, config.seed)
+    tx = build_optimizer(config.optimizer, schedule, stacked_leaves(model))
+    layout = build_state_layout(model, tx, partitioner)
     return Trainer(config, task, partitioner, phases, tx, schedule, layout)
 
 

@@ -33,11 +33,16 @@ class StateLayout:
     abstract_state: Any  # nnx.State template used to rebuild a model from pure params
     logical: PyTree  # params-shaped tree of logical axis tuples
     param_specs: PyTree
-    update_specs: PyTree  # WUS: where gradients, optimizer state and updates live
-    # ... and in which shape: each parameter's own, or a flat padded view (UpdateLayout)
+    # WUS: where gradients, optimizer state and updates live, and in which shape: each
+    # parameter's own, or a flat padded view (UpdateLayout)
     update_layouts: PyTree
     state_shardings: PyTree  # shardings of {step, params, opt_state}
     abstract_train_state: PyTree  # ShapeDtypeStructs with shardings
+
+    @property
+    def update_specs(self) -> PyTree:
+        """PartitionSpecs of the update views."""
+        return layout_specs(self.update_layouts)
 
     def model(self, params: PyTree) -> nnx.Module:
         """Rebuilds the NNX module around a pure params dict (inside a trace)."""
@@ -53,13 +58,17 @@ def _logical_axes(abstract_state: nnx.State) -> PyTree:
     )
 
 
-def stacked_leaves(build_model: Callable[[nnx.Rngs], nnx.Module], seed: int) -> PyTree:
+def abstract_model(build_model: Callable[[nnx.Rngs], nnx.Module], seed: int) -> nnx.Module:
+    """The model with shapes only (nothing allocated): what layouts are built from."""
+    return nnx.eval_shape(lambda: build_model(nnx.Rngs(seed)))
+
+
+def stacked_leaves(model: nnx.Module) -> PyTree:
     """A state-shaped tree of bools: True where a leaf's leading dimension is a scanned
     layer stack (logical axis `stack`), e.g. BERT with `model.scan_layers`."""
-    abstract = nnx.state(nnx.eval_shape(lambda: build_model(nnx.Rngs(seed))))
     return jax.tree.map(
         lambda axes: bool(axes) and axes[0] == STACK_AXIS,
-        _logical_axes(abstract),
+        _logical_axes(nnx.state(model)),
         is_leaf=is_logical_leaf,
     )
 
@@ -77,14 +86,11 @@ def param_count(layout: StateLayout) -> int:
 
 
 def build_state_layout(
-    build_model: Callable[[nnx.Rngs], nnx.Module],
-    tx: optax.GradientTransformation,
-    partitioner: Partitioner,
-    seed: int,
+    model: nnx.Module, tx: optax.GradientTransformation, partitioner: Partitioner
 ) -> StateLayout:
-    """Abstract model -> logical axes -> PartitionSpecs for params and optimizer state."""
-    abstract_model = nnx.eval_shape(lambda: build_model(nnx.Rngs(seed)))
-    graphdef, abstract_state = nnx.split(abstract_model)
+    """Abstract model (`abstract_model`) -> logical axes -> PartitionSpecs for params and
+    optimizer state."""
+    graphdef, abstract_state = nnx.split(model)
     logical = _logical_axes(abstract_state)
     shapes = nnx.to_pure_dict(abstract_state)
     # Parameters without annotations are replicated: fill in all-None axes.
@@ -96,11 +102,10 @@ def build_state_layout(
     )
     param_specs = partitioner.param_specs(logical, shapes)
     update_layouts = partitioner.update_layouts(logical, shapes)
-    update_specs = layout_specs(update_layouts)
     # The optimizer state is shaped like the update views (flat padded views where no
     # dimension of a parameter divides the data axis).
     abstract_opt = jax.eval_shape(tx.init, view_shapes(update_layouts, shapes))
-    update_shardings = partitioner.to_shardings(update_specs)
+    update_shardings = partitioner.to_shardings(layout_specs(update_layouts))
     # Optimizer leaves shaped like params follow the update (WUS) layout; counters etc.
     # are replicated.
     opt_shardings = optax.tree_map_params(
@@ -126,7 +131,6 @@ def build_state_layout(
         abstract_state,
         logical,
         param_specs,
-        update_specs,
         update_layouts,
         state_shardings,
         abstract_train_state,

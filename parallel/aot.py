@@ -246,6 +246,15 @@ def total_bytes(tree: Any) -> int:
     return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
+def cost_analysis(compiled: Any) -> dict[str, Any]:
+    """XLA's cost analysis of a compiled executable as one dict (older JAX: a list);
+    on TPU it carries the compiler's step-time estimate, `optimal_seconds`."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    return cost or {}
+
+
 def compiled_stats(compiled: Any, lowered: Any = None) -> dict[str, Any]:
     """Memory analysis, cost analysis and HLO op statistics of a compiled executable.
 
@@ -277,10 +286,7 @@ def compiled_stats(compiled: Any, lowered: Any = None) -> dict[str, Any]:
         m = stats["memory"]
         # Donated outputs reuse their argument buffers (alias): count them once.
         m["total"] = m["argument"] + m["output"] - m["alias"] + m["temp"] + m["generated_code"]
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):
-        cost = cost[0] if cost else {}
-    cost = cost or {}
+    cost = cost_analysis(compiled)
     stats["flops"] = hlo_flops(text)
     stats["matmul_flops"] = hlo_flops(text, matmul_only=True)
     stats["flops_loops_once"] = hlo_flops(text, loops_once=True)

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec
 
 from parallel import collectives
 from parallel.partition import Partitioner
-from parallel.weight_update import UpdateLayout
+from parallel.weight_update import UpdateLayout, entry_axes, is_layout
 
 XLA = "xla"
 GRAD_ALLREDUCE_ALGORITHMS = (XLA, *collectives.ALGORITHMS)
@@ -37,19 +37,10 @@ GRAD_ALLREDUCE_ALGORITHMS = (XLA, *collectives.ALGORITHMS)
 PyTree = Any
 
 
-def _is_layout(x: Any) -> bool:
-    return isinstance(x, UpdateLayout)
-
-
-def _axes(entry: Any) -> tuple[str, ...]:
-    return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
-
-
 def _data_dim(spec: PartitionSpec, data_axis: str) -> int | None:
     """Index of the dimension whose sharding includes the data axis, if any."""
     for i, entry in enumerate(spec):
-        members = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
-        if data_axis in members:
+        if data_axis in entry_axes(entry):
             return i
     return None
 
@@ -98,7 +89,7 @@ def reduce_gradients(
         view = layout.to_view(g)
         return _scatter_model_local(view, layout, data_axis, dim)
 
-    return jax.tree.map(one, layouts, grads, is_leaf=_is_layout)
+    return jax.tree.map(one, layouts, grads, is_leaf=is_layout)
 
 
 def _scatter_model_local(view: jax.Array, layout: UpdateLayout, data_axis: str, dim: int):
@@ -112,8 +103,8 @@ def _scatter_model_local(view: jax.Array, layout: UpdateLayout, data_axis: str, 
         jax.lax.psum_scatter, axis_name=data_axis, scatter_dimension=dim, tiled=True
     )
     spec = layout.gathered_spec(data_axis)
-    other_axes = {a for entry in spec for a in _axes(entry)}
-    if not other_axes or _axes(layout.spec[dim]) != (data_axis,):
+    other_axes = {a for entry in spec for a in entry_axes(entry)}
+    if not other_axes or entry_axes(layout.spec[dim]) != (data_axis,):
         return scatter(view)
     return jax.shard_map(
         scatter,
@@ -139,7 +130,7 @@ def _custom_reduce(grads: PyTree, layouts: PyTree, data_axis: str, how: GradRedu
         n = view.shape[dim] // size
         return jax.lax.dynamic_slice_in_dim(view, index * n, n, axis=dim)
 
-    return jax.tree.map(keep_own_slice, layouts, summed, is_leaf=_is_layout)
+    return jax.tree.map(keep_own_slice, layouts, summed, is_leaf=is_layout)
 
 
 def data_parallel_value_and_grad(
@@ -158,7 +149,7 @@ def data_parallel_value_and_grad(
     """
     axis = partitioner.data_axis
     grad_out_specs = jax.tree.map(
-        lambda layout: _manual_spec(layout.spec, axis), layouts, is_leaf=_is_layout
+        lambda layout: _manual_spec(layout.spec, axis), layouts, is_leaf=is_layout
     )
 
     def per_replica(params, batch, shared, rng):

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from parallel.mesh import mesh_shape
 from parallel.rules import DEFAULT_RULES, STACK_AXIS, Rules, logical_to_spec
-from parallel.weight_update import flat_layout, layout_specs, natural_layout
+from parallel.weight_update import entry_axes, flat_layout, natural_layout
 
 PyTree = Any
 _ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar(
@@ -29,11 +29,6 @@ _ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar(
 _MANUAL: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "manual_axes", default=frozenset()
 )
-
-
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    """Mesh axes of one PartitionSpec entry."""
-    return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
 
 
 def _stack_dims(logical_axes: Sequence[str | None] | None) -> tuple[int, ...]:
@@ -123,7 +118,7 @@ class Partitioner:
         gathered whole before the loop.
         """
         entries = list(spec) + [None] * (len(shape) - len(spec))
-        used = {a for e in entries if e for a in ((e,) if isinstance(e, str) else e)}
+        used = {a for e in entries for a in entry_axes(e)}
         if self.data_axis in used or self.data_size == 1:
             return PartitionSpec(*entries)
         sizes = self.axis_sizes
@@ -133,7 +128,7 @@ class Partitioner:
             for i, (dim, entry) in enumerate(zip(shape, entries, strict=True)):
                 if i in avoid:
                     continue
-                members = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
+                members = entry_axes(entry)
                 if want_free != (not members):
                     continue
                 split = int(np.prod([sizes[m] for m in members])) if members else 1
@@ -162,7 +157,7 @@ class Partitioner:
             if not wus:
                 return natural_layout(shape.shape, spec)
             with_data = self._add_data_axis(spec, shape.shape, _stack_dims(axes))
-            if any(self.data_axis in _axes_of(e) for e in with_data):
+            if any(self.data_axis in entry_axes(e) for e in with_data):
                 return natural_layout(shape.shape, with_data)
             # Also under FSDP: such a parameter itself stays replicated over data.
             flat = flat_layout(
@@ -171,10 +166,6 @@ class Partitioner:
             return flat or natural_layout(shape.shape, spec)
 
         return jax.tree.map(one, logical, shapes, is_leaf=is_logical_leaf)
-
-    def update_specs(self, logical: PyTree, shapes: PyTree) -> PyTree:
-        """PartitionSpecs of the weight-update views (see `update_layouts`)."""
-        return layout_specs(self.update_layouts(logical, shapes))
 
     def to_shardings(self, specs: PyTree) -> PyTree:
         return jax.tree.map(self.sharding, specs, is_leaf=lambda x: isinstance(x, PartitionSpec))

@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 
-def _members(entry) -> tuple[str, ...]:
+def entry_axes(entry) -> tuple[str, ...]:
+    """Mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
     return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
 
 
@@ -70,7 +71,7 @@ class UpdateLayout:
         """The view's spec without the data axis (after the all-gather)."""
         entries = []
         for entry in self.spec:
-            kept = tuple(m for m in _members(entry) if m != data_axis)
+            kept = tuple(m for m in entry_axes(entry) if m != data_axis)
             entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
         return PartitionSpec(*entries)
 
@@ -130,7 +131,7 @@ def flat_layout(
     entries = list(param_spec) + [None] * (len(shape) - len(param_spec))
     split, prefix_pos, local_pos, prefix, prefix_entries = [], [], [], [], []
     for i, (dim, entry) in enumerate(zip(shape, entries, strict=True)):
-        members = _members(entry)
+        members = entry_axes(entry)
         if data_axis in members:
             return None
         shards = math.prod(int(axis_sizes[m]) for m in members)
@@ -168,13 +169,14 @@ def flat_layout(
     )
 
 
-def _is_layout(x) -> bool:
+def is_layout(x) -> bool:
+    """Leaf predicate for trees of `UpdateLayout`."""
     return isinstance(x, UpdateLayout)
 
 
 def layout_specs(layouts) -> object:
     """The PartitionSpec of each layout's view."""
-    return jax.tree.map(lambda lay: lay.spec, layouts, is_leaf=_is_layout)
+    return jax.tree.map(lambda lay: lay.spec, layouts, is_leaf=is_layout)
 
 
 def view_shapes(layouts, shapes) -> object:
@@ -183,20 +185,20 @@ def view_shapes(layouts, shapes) -> object:
         lambda lay, s: jax.ShapeDtypeStruct(lay.view_shape, s.dtype),
         layouts,
         shapes,
-        is_leaf=_is_layout,
+        is_leaf=is_layout,
     )
 
 
 def to_views(tree, layouts) -> object:
     """Each parameter-shaped leaf of `tree` in its layout's view."""
-    return jax.tree.map(lambda lay, x: lay.to_view(x), layouts, tree, is_leaf=_is_layout)
+    return jax.tree.map(lambda lay, x: lay.to_view(x), layouts, tree, is_leaf=is_layout)
 
 
 def from_views(tree, layouts) -> object:
     """Each view-shaped leaf of `tree` back in its parameter's shape."""
-    return jax.tree.map(lambda lay, x: lay.from_view(x), layouts, tree, is_leaf=_is_layout)
+    return jax.tree.map(lambda lay, x: lay.from_view(x), layouts, tree, is_leaf=is_layout)
 
 
 def count_flat(layouts) -> int:
     """How many leaves use the flat (padded) view."""
-    return sum(lay.flat for lay in jax.tree.leaves(layouts, is_leaf=_is_layout))
+    return sum(lay.flat for lay in jax.tree.leaves(layouts, is_leaf=is_layout))
