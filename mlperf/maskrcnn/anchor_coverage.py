@@ -15,26 +15,17 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from mlperf.maskrcnn.boxes import AnchorConfig, all_anchors
+from mlperf.maskrcnn.boxes import AnchorConfig, all_anchors, iou
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A Mask R-CNN config.")
 _SCALES = flags.DEFINE_list("anchor_scales", ["2", "3", "4", "6", "8"], "anchor_scale values.")
 _THRESHOLDS = flags.DEFINE_list("pos_iou", ["0.7", "0.5"], "RPN positive IoU thresholds.")
 _NUM_SCALES = flags.DEFINE_list("num_scales", ["1", "2"], "Anchor sizes per octave.")
-
-
-def iou_np(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Pairwise IoU of [N, 4] and [M, 4] boxes ([y1, x1, y2, x2]) -> [N, M]."""
-    ih = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    iw = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = np.maximum(ih, 0) * np.maximum(iw, 0)
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-8)
 
 
 def coverage(
@@ -43,7 +34,8 @@ def coverage(
     """Summary of the anchors' coverage of gt_boxes [N, 4]: quantiles of each box's best
     anchor IoU, and per threshold the share of boxes with no anchor at or above it and
     the mean number of anchors at or above it per box."""
-    overlap = iou_np(gt_boxes, anchors)  # [N, A]
+    # The IoU the RPN matcher itself uses (rpn_targets).
+    overlap = np.asarray(iou(jnp.asarray(gt_boxes), jnp.asarray(anchors)))  # [N, A]
     best = overlap.max(1)
     out = {
         "gt_boxes": float(len(gt_boxes)),
