@@ -140,7 +140,8 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     hosts): inspect must compile the detections the evaluator runs with them, not an
     empty program."""
     from configs.maskrcnn import get_config as maskrcnn_config
-    from launch.inspect import _eval_program, _eval_spec
+    from launch.inspect import _eval_spec
+    from mlperf.evaluate import eval_program
     from mlperf.steps import batch_abstract
     from parallel.aot import compiled_stats
 
@@ -150,7 +151,8 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     params = trainer.layout.abstract_train_state["params"]
     spec = _eval_spec(trainer.task, trainer.phases[-1])
     batch = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
-    lowered = _eval_program(trainer, params, batch).lower(params, batch)
+    step = eval_program(trainer.task, trainer.layout, trainer.partitioner, params, batch)
+    lowered = step.lower(params, batch)
     stats = compiled_stats(lowered.compile(), lowered)
     # The detector's forward pass: 1.2e9 matmul FLOPs per device; the count alone has 0.
     assert stats["matmul_flops"] > 1e8
