@@ -32,11 +32,16 @@ def expected() -> dict[str, np.ndarray]:
         return dict(f)
 
 
-def _features(cfg, path: str, images: np.ndarray, train: bool = False) -> dict:
+def _loaded(cfg, path: str) -> ResNet:
     model = ResNet(cfg, rngs=nnx.Rngs(0))
     state = nnx.state(model)
     nnx.replace_by_pure_dict(state, load_torchvision_resnet(path, cfg))
     nnx.update(model, state)
+    return model
+
+
+def _features(cfg, path: str, images: np.ndarray, train: bool = False) -> dict:
+    model = _loaded(cfg, path)
     return {k: np.asarray(v) for k, v in model(jnp.asarray(images), train=train).items()}
 
 
@@ -109,7 +114,8 @@ def test_a_file_holding_code_is_refused_not_run(tmp_path):
 
 def test_frozen_stages_get_no_gradient(expected):
     cfg = resnet50(width=WIDTH, freeze_at=2, frozen_bn=True)
-    graphdef, params, rest = nnx.split(ResNet(cfg, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    # The imported weights: a random init's zero last-BN scales would stop the gradient.
+    graphdef, params, rest = nnx.split(_loaded(cfg, R50), nnx.Param, ...)
 
     def loss(p):
         m = nnx.merge(graphdef, p, rest)
