@@ -65,6 +65,7 @@ def _batch(n: int) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.slow  # ~30 s: compiles a Mask R-CNN train step with a full-depth ResNet-50
 def test_pretrained_backbone_loads_and_frozen_parts_stay_fixed():
     from mlperf.layers.resnet_import import load_torchvision_resnet
 
