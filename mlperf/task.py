@@ -91,6 +91,10 @@ class Task(Protocol):
     #       reach finalize_eval stacked over data shards: name -> [shard_count, ...];
     #   async_finalize: bool, run finalize_eval in a background thread (COCOeval);
     #   target_reached(metrics) -> bool, for several targets (Mask R-CNN box and mask).
+    # Optional, for starting from pretrained weights (mlperf/train_state.py):
+    #   pretrained_params() -> {top-level module name: params subtree as numpy} or None,
+    #       e.g. {"backbone": ...} from a torchvision ImageNet ResNet; checked against the
+    #       model's shapes and placed into the state after the random init.
 
 
 def target_reached(task: Task, metrics: dict[str, float]) -> bool:
