@@ -11,7 +11,6 @@ With --check nothing is written: the cases whose table differs are listed (exit 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -29,7 +28,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from mlperf.sharding_table import GOLDEN_CASES, GOLDEN_DIR, golden_record
+    from mlperf.sharding_table import GOLDEN_CASES, GOLDEN_DIR, golden_record, golden_text
 
     names = {c.name for c in GOLDEN_CASES}
     unknown = sorted(set(_ONLY.value) - names)
@@ -43,7 +42,7 @@ def main(argv: list[str]) -> None:
             continue
         record = golden_record(case)
         path = os.path.join(directory, f"{case.name}.json")
-        text = json.dumps(record, indent=1) + "\n"
+        text = golden_text(record)
         if _CHECK.value:
             same = False
             if os.path.exists(path):
