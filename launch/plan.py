@@ -134,7 +134,7 @@ def candidates(config, topology: str, devices: int, full: bool, slices: int = 1)
 
 def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
     """Compiles one candidate and models its step; failures become a row with `error`."""
-    from launch.inspect import inspect_config
+    from mlperf.inspection import inspect_config
     from parallel import costmodel
     from parallel.topology import get_topology
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from configs.bert import get_config
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
 from mlperf.train import build_trainer
 from parallel.topology import TopologyError, get_topology, topology_for_chips
 
@@ -140,8 +140,8 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     hosts): inspect must compile the detections the evaluator runs with them, not an
     empty program."""
     from configs.maskrcnn import get_config as maskrcnn_config
-    from launch.inspect import _eval_spec
     from mlperf.evaluate import eval_program
+    from mlperf.inspection import _eval_spec
     from mlperf.steps import batch_abstract
     from parallel.aot import compiled_stats
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from configs.bert import get_config
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
 from mlperf.tasks import get_task
 
 pytestmark = pytest.mark.xdist_group("aot")

@@ -7,7 +7,7 @@ from conftest import small_bert_config
 
 from configs.bert import get_config
 from launch import plan, plan_reports
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
 
 pytestmark = pytest.mark.xdist_group("aot")
 

@@ -1,0 +1,70 @@
+"""BERT tiny AOT-compiled for a small slice of every TPU generation libtpu knows, and for
+two slices joined over DCN (libtpu's compiler on this CPU machine, nothing allocated)."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs.bert import get_config
+from mlperf.inspection import inspect_config
+from parallel.topology import TopologyError, check_mesh_fits, get_topology
+
+pytestmark = pytest.mark.xdist_group("aot")
+
+# (topology, slices, (data, model) per slice, devices, device kind)
+CASES = [
+    ("v3:2x2", 1, (2, 4), 8, "TPU v3"),  # model = the 2 cores of a chip x 2 chips
+    ("v4:2x2x1", 1, (2, 2), 4, "TPU v4"),  # megacore: one device per chip
+    ("v5e:4x4", 1, (8, 2), 16, "TPU v5 lite"),  # model=2 splits the x axis (4)
+    ("v5p:2x2x1", 1, (2, 2), 4, "TPU v5"),
+    ("v6e:2x2", 1, (2, 2), 4, "TPU v6 lite"),
+    ("v5e:2x2", 2, (2, 2), 8, "TPU v5 lite"),  # data = 2 per slice x 2 slices over DCN
+]
+
+
+@pytest.mark.parametrize(("topology", "slices", "ici", "devices", "kind"), CASES)
+def test_bert_tiny_compiles_on_every_generation(topology, slices, ici, devices, kind):
+    config = get_config("tiny")
+    config.mesh.ici_shape = ici
+    r = inspect_config(config, topology=topology, slices=slices, layer_estimate=False)
+    assert "error" not in r["train"], r["train"].get("error")
+    assert r["devices"] == devices and r["device_kind"] == kind
+    assert r["mesh"] == {"data": ici[0] * slices, "model": ici[1]}
+    assert r["gather_scatter"] == 0 and r["fits"] is True
+    assert r["train"]["flops_per_device"] > 0
+    mapping = r["mesh_mapping"]
+    assert mapping.startswith(f"model={ici[1]} <- ")
+    if topology == "v5e:4x4":
+        assert "split physical axes: x" in mapping
+    if slices > 1:
+        assert f"DCN: data x {slices} slices" in mapping
+        crossing = r["train"]["dcn_collectives"]
+        assert sum(crossing.values()) > 0 and r["train"]["dcn_wire_bytes"] > 0
+        # Only the data-parallel gradient reduction crosses slices; it is at most the
+        # step's total collective traffic.
+        total = sum(r["train"]["collective_bytes"].values())
+        assert 0 < sum(r["train"]["dcn_collective_bytes"].values()) <= total
+    else:
+        assert "dcn_collectives" not in r["train"]
+
+
+def test_v4_is_one_device_per_chip_and_slices_multiply_devices():
+    assert len(get_topology("v4:4x4x4").devices) == 64  # megacore, as on a v4 pod
+    two = get_topology("v5e:2x2", 2)
+    assert len(two.devices) == 8 and two.chips == 8 and two.label == "v5e:2x2 x 2 slices"
+    assert {d.slice_index for d in two.devices} == {0, 1}
+
+
+def test_unknown_topology_lists_the_known_ones_by_generation():
+    with pytest.raises(TopologyError, match=r"v4: 2x2x1, .*16x16x16; v5e: .*; v6e: ") as e:
+        get_topology("v7q:4x4")
+    assert "\n" not in str(e.value)
+
+
+def test_a_mesh_that_does_not_fit_names_shape_mesh_and_sizes_that_would():
+    topo = get_topology("v5e:4x4")
+    with pytest.raises(TopologyError) as e:
+        check_mesh_fits(topo, {"data": 6, "model": 2})
+    text = str(e.value)
+    assert "physical shape 4x4" in text and "data=6,model=2" in text
+    assert "data=8,model=2" in text and "\n" not in text
