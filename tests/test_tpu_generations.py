@@ -68,3 +68,18 @@ def test_a_mesh_that_does_not_fit_names_shape_mesh_and_sizes_that_would():
     text = str(e.value)
     assert "physical shape 4x4" in text and "data=6,model=2" in text
     assert "data=8,model=2" in text and "\n" not in text
+
+
+def test_plan_applies_the_dcn_term_to_the_collectives_that_cross_slices():
+    from launch import plan
+    from parallel.hardware import CHIPS
+
+    config = get_config("tiny")
+    cand = plan.Candidate("v5e:2x2", 2, "wus", 1)
+    row = plan.evaluate(config, cand, {"slices": 2})
+    assert "error" not in row, row.get("error")
+    assert row["chips"] == 8 and row["mesh"] == {"data": 4, "model": 2}
+    assert sum(row["dcn_collectives"].values()) > 0
+    # dcn_s is the crossing collectives' bytes over one v5e chip's share of its host NIC.
+    assert 0 < row["dcn_s"] < row["step_s"]
+    assert row["dcn_s"] * CHIPS["v5e"].dcn_bandwidth == pytest.approx(row["dcn_wire_bytes"])
