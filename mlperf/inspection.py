@@ -208,7 +208,7 @@ def inspect_config(
     from mlperf.validate import ConfigError, mesh_sizes
     from parallel.aot import bytes_per_device, total_bytes
     from parallel.mesh import describe_mapping, mesh_shape
-    from parallel.topology import TopologyError, check_mesh_fits, get_topology
+    from parallel.topology import TopologyError, check_mesh_fits, get_topology, mesh_fit_text
 
     topo = get_topology(topology, slices) if topology else None
     if topo is not None:
@@ -217,9 +217,12 @@ def inspect_config(
         try:
             check_mesh_fits(topo, mesh_sizes(config, len(devices)))
         except ConfigError as e:
+            wanted = ",".join(
+                f"{a}={i}" for a, i in zip(config.mesh.axes, config.mesh.ici_shape, strict=False)
+            )
             raise TopologyError(
-                f"{e} (topology {topo.label}: {len(devices)} devices = {topo.chips} chips x "
-                f"{topo.devices_per_chip} cores)"
+                f"mesh {wanted} does not fit topology {topo.label} "
+                f"({mesh_fit_text(topo, list(config.mesh.axes))}): {e}"
             ) from None
     devices = list(jax.devices() if devices is None else devices)
     trainer = build_trainer(config, devices=devices, prepare_data=False)

@@ -149,27 +149,32 @@ def topology_for_chips(generation: str, chips: int) -> str:
     return f"{generation}:" + "x".join(str(1 << p) for p in parts)
 
 
-def check_mesh_fits(topology: Topology, mesh_sizes: dict[str, int]) -> None:
-    """Raises a one-line TopologyError naming the physical shape, the requested mesh and
-    sizes that would fit, when a mesh does not use every device of the topology."""
-    needed = math.prod(mesh_sizes.values())
+def mesh_fit_text(topology: Topology, axis_names: list[str]) -> str:
+    """`physical shape 4x4 chips; sizes that fit: data=16,model=1 or ...` for messages."""
     total = len(topology.devices)
-    if needed == total:
-        return
-    names = list(mesh_sizes)
-    if len(names) > 1:
-        first, last = names[0], names[-1]
+    if len(axis_names) > 1:
+        first, last = axis_names[0], axis_names[-1]
         per_slice = total // topology.slices
         options = [
             f"{first}={total // m},{last}={m}" for m in (1, 2, 4, 8, 16) if per_slice % m == 0
         ]
         hint = " or ".join(options)
     else:
-        hint = f"{names[0]}={total}"
+        hint = f"{axis_names[0] if axis_names else 'data'}={total}"
     shape = "x".join(str(t) for t in topology.torus)
     cores = f" x {topology.devices_per_chip} cores" if topology.devices_per_chip > 1 else ""
+    slices = f" x {topology.slices} slices" if topology.slices > 1 else ""
+    return f"physical shape {shape} chips{cores}{slices}, {total} devices; sizes that fit: {hint}"
+
+
+def check_mesh_fits(topology: Topology, mesh_sizes: dict[str, int]) -> None:
+    """Raises a one-line TopologyError naming the physical shape, the requested mesh and
+    sizes that would fit, when a mesh does not use every device of the topology."""
+    needed = math.prod(mesh_sizes.values())
+    if needed == len(topology.devices):
+        return
     mesh = ",".join(f"{k}={v}" for k, v in mesh_sizes.items())
     raise TopologyError(
-        f"mesh {mesh} has {needed} devices but topology {topology.label} (physical shape "
-        f"{shape} chips{cores}) has {total}; sizes that fit: {hint}."
+        f"mesh {mesh} has {needed} devices but topology {topology.label} does not "
+        f"({mesh_fit_text(topology, list(mesh_sizes))})."
     )

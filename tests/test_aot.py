@@ -31,7 +31,9 @@ def test_unknown_topology_lists_the_known_ones():
 def test_mesh_that_does_not_match_the_topology_names_both():
     config = get_config("tiny")
     config.mesh.ici_shape = (8, 8)  # 64 devices; v3:4x4 has 32
-    with pytest.raises(TopologyError, match=r"64 devices.*v3:4x4.*32 devices"):
+    with pytest.raises(
+        TopologyError, match=r"data=8,model=8 does not fit topology v3:4x4.*32 devices.*needs 64"
+    ):
         inspect_config(config, topology="v3:4x4")
 
 

@@ -68,6 +68,14 @@ def test_a_mesh_that_does_not_fit_names_shape_mesh_and_sizes_that_would():
     text = str(e.value)
     assert "physical shape 4x4" in text and "data=6,model=2" in text
     assert "data=8,model=2" in text and "\n" not in text
+    config = get_config("tiny")
+    config.mesh.ici_shape = (6, 2)  # 12 devices: inspect stops before building anything
+    with pytest.raises(TopologyError) as e:
+        inspect_config(config, topology="v5e:4x4")
+    text = str(e.value)
+    assert text.startswith("mesh data=6,model=2 does not fit topology v5e:4x4")
+    assert "physical shape 4x4 chips, 16 devices; sizes that fit: " in text
+    assert "data=8,model=2" in text and "\n" not in text
 
 
 def test_plan_applies_the_dcn_term_to_the_collectives_that_cross_slices():
