@@ -13,6 +13,7 @@ library is mlperf/inspection.py.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from absl import app, flags
@@ -72,7 +73,9 @@ def main(argv: list[str]) -> None:
             slices=slices,
         )
     except (TopologyError, ConfigError, MeshShapeError, ValueError) as e:
-        raise app.UsageError(str(e).splitlines()[0]) from None
+        # One line naming what is wrong (absl's UsageError would add the whole help).
+        print(f"multipod: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(json.dumps(report, indent=2) if _FLAGS["json"].value else table(report))
 
 

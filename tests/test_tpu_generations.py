@@ -91,3 +91,24 @@ def test_plan_applies_the_dcn_term_to_the_collectives_that_cross_slices():
     # dcn_s is the crossing collectives' bytes over one v5e chip's share of its host NIC.
     assert 0 < row["dcn_s"] < row["step_s"]
     assert row["dcn_s"] * CHIPS["v5e"].dcn_bandwidth == pytest.approx(row["dcn_wire_bytes"])
+
+
+def test_inspect_cli_says_what_fits_in_one_line():
+    import subprocess
+    import sys
+
+    from conftest import REPO, cpu_env
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.inspect", "--config", "configs/bert.py:tiny"]
+        + ["--topology", "v5e:4x4", "--mesh", "data=6,model=2", "--eval=false"],
+        cwd=REPO,
+        env=cpu_env(8),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("multipod: error:")]
+    assert "v5e:4x4 (physical shape 4x4 chips, 16 devices; sizes that fit: " in line
+    assert "flags:" not in proc.stderr  # no help dump
