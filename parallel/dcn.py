@@ -1,13 +1,17 @@
 """Which collectives of a compiled multi-slice step cross the data-centre network (DCN).
 
-A multi-slice program is one SPMD program over the devices of every slice; its
-collectives name their participants by partition id, the position of a device in the
-mesh's flattened device order. A collective whose replica group (or permute pair)
-holds devices of more than one slice sends over DCN, the slow, host-NIC path; the
-rest stay on each slice's ICI. `dcn_collectives` reads the compiled HLO and says which
-ops cross, how many bytes they carry and, with a ring over the slices of each group,
-how many bytes each device sends over DCN (hierarchically: a group's devices inside
-one slice share the slow hop): the planner's DCN term.
+The TPU compiler splits a multi-slice program (libtpu's "megascale"): every collective
+over a mesh axis that spans slices becomes its ICI part, a collective inside each slice
+(replica groups of that slice's devices), and its DCN part, a host transfer: a `send`
+(with its `recv`) whose `_xla_megascale_transfer_type` is ALL_REDUCE, REDUCE_SCATTER,
+ALL_GATHER, ALL_TO_ALL or ONE_TO_ONE and whose operand is what this device sends.
+`dcn_collectives` counts those sends, their bytes and, with a ring over the slices, the
+bytes each device puts on DCN: the planner's DCN term.
+
+A program compiled without that split (one SPMD program whose replica groups hold
+devices of several slices) is read through its replica groups instead: partition ids
+are positions in the mesh's flattened device order, and a group with devices of more
+than one slice crosses DCN (a group's devices inside one slice share the slow hop).
 """
 
 from __future__ import annotations
@@ -70,9 +74,33 @@ def replica_groups(instr_text: str, num_devices: int) -> list[list[int]]:
     return [list(range(num_devices))]
 
 
+_MEGASCALE = {
+    "ALL_REDUCE": "all-reduce",
+    "REDUCE_SCATTER": "reduce-scatter",
+    "ALL_GATHER": "all-gather",
+    "ALL_TO_ALL": "all-to-all",
+    "ONE_TO_ONE": "collective-permute",
+}
+
+
+def megascale_wire_bytes(op: str, sent: int, slices: int) -> float:
+    """Bytes one device puts on DCN for a host transfer whose operand is `sent` bytes,
+    with a ring over `slices`: all-reduce 2(S-1)/S n; reduce-scatter (the operand is
+    the whole tensor) (S-1)/S n; all-gather (the operand is one shard) (S-1) n;
+    all-to-all (S-1)/S n; one-to-one n."""
+    s = max(slices, 1)
+    if op == "all-reduce":
+        return 2.0 * (s - 1) / s * sent
+    if op in ("reduce-scatter", "all-to-all"):
+        return (s - 1) / s * sent
+    if op == "all-gather":
+        return float((s - 1) * sent)
+    return float(sent)
+
+
 def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
-    """Collectives whose groups span slices: counts, result bytes and the bytes each
-    device sends over DCN (a ring over the slices in its group, `aot.wire_bytes`).
+    """Collectives that cross slices: counts, bytes and the bytes each device sends over
+    DCN (megascale host transfers, else replica groups spanning slices).
 
     `slice_of[i]` is the slice of partition i (the mesh's flattened device order).
     """
@@ -80,11 +108,23 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
     nbytes: Counter[str] = Counter()
     wire: Counter[str] = Counter()
     n = len(slice_of)
+    slices = len(set(slice_of))
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
         if not m or m.group("op").endswith("-done"):
             continue
         op = m.group("op").removesuffix("-start")
+        if op == "send":
+            kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', line)
+            if kind is None:
+                continue
+            name = _MEGASCALE.get(kind.group(1), kind.group(1).lower())
+            shapes = _SHAPE.findall(m.group("type"))
+            sent = _shape_bytes("{}[{}]".format(*shapes[0])) if shapes else 0
+            counts[name] += 1
+            nbytes[name] += sent
+            wire[name] += megascale_wire_bytes(name, sent, slices)
+            continue
         if op not in COLLECTIVES:
             continue
         groups = replica_groups(line, n)
@@ -104,7 +144,7 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
         nbytes[op] += result
         wire[op] += wire_bytes(op, result, crossing) / per_slice
     return {
-        "dcn_collectives": {k: int(counts[k]) for k in COLLECTIVES if counts[k]},
-        "dcn_collective_bytes": {k: int(nbytes[k]) for k in COLLECTIVES if counts[k]},
+        "dcn_collectives": {k: int(v) for k, v in counts.items()},
+        "dcn_collective_bytes": {k: int(nbytes[k]) for k in counts},
         "dcn_wire_bytes": float(sum(wire.values())),
     }

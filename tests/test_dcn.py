@@ -42,3 +42,30 @@ def test_only_groups_spanning_slices_count_and_the_slow_hop_is_shared():
     assert out["dcn_collectives"] == {"all-reduce": 2}
     assert out["dcn_collective_bytes"] == {"all-reduce": 8192}
     assert out["dcn_wire_bytes"] == pytest.approx(4096 + 1024)
+
+
+def test_megascale_host_transfers_are_the_dcn_part():
+    """How libtpu compiles a multi-slice program: the DCN part of each collective is a
+    `send` host transfer to the megascale runtime, its operand what this device sends
+    (lines as the v5e:2x2 x 2 slices compile prints them, attributes shortened)."""
+    attrs = '_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type='
+    hlo = "\n".join(
+        [
+            f'  %send = (f32[1024]{{0}}, u32[], token[]) send(%a, %t), {attrs}"ALL_REDUCE"}}',
+            f'  %recv = (f32[1024]{{0}}, u32[], token[]) recv(%t), {attrs}"ALL_REDUCE"}}',
+            f'  %send.1 = (f32[2048]{{0}}, u32[], token[]) send(%b, %t), {attrs}"REDUCE_SCATTER"}}',
+            f'  %send.2 = (bf16[512]{{0}}, u32[], token[]) send(%c, %t), {attrs}"ALL_GATHER"}}',
+            "  %send-done = token[] send-done(%send), is_host_transfer=true",
+            # An ICI collective inside each slice (partitions 0-3 are one slice here).
+            "  %d = f32[64]{0} all-reduce(f32[64]{0} %p), replica_groups={{0,1,2,3}}",
+        ]
+    )
+    out = dcn_collectives(hlo, [0, 0, 0, 0, 1, 1, 1, 1])
+    assert out["dcn_collectives"] == {"all-reduce": 1, "reduce-scatter": 1, "all-gather": 1}
+    assert out["dcn_collective_bytes"] == {
+        "all-reduce": 4096,
+        "reduce-scatter": 8192,
+        "all-gather": 1024,
+    }
+    # Two slices: all-reduce 2 (1/2) 4096 + reduce-scatter (1/2) 8192 + all-gather 1 x 1024.
+    assert out["dcn_wire_bytes"] == pytest.approx(4096 + 4096 + 1024)
