@@ -177,7 +177,8 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
         flops=train["flops_per_device"],
         bytes_accessed=train["bytes_accessed_per_device"],
         wire_bytes=sum(train["collective_wire_bytes"].values()),
-        compiler_s=train.get("estimated_step_s"),
+        # Without a usable compiler estimate: max(compute, HBM) + ICI, analytically.
+        compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
         peak_flops=chip.peak_flops / per_chip,
         hbm_bandwidth=chip.hbm_bandwidth / per_chip,
         ici_bandwidth=2 * chip.link_bandwidth / per_chip,

@@ -80,6 +80,7 @@ def _step_report(
     error: str | None,
     peak_flops: float | None = None,
     slice_of: list[int] | None = None,
+    hbm_bandwidth: float | None = None,
 ) -> dict[str, Any]:
     """The report of one compiled step; `slice_of` (the slice of each mesh position)
     adds the collectives that cross slices over DCN (`parallel.dcn`)."""
@@ -121,6 +122,18 @@ def _step_report(
         from parallel.dcn import dcn_collectives
 
         report.update(dcn_collectives(compiled.as_text(), slice_of))
+    if stats.get("optimal_seconds", 1.0) <= 0:
+        # libtpu 0.0.42's estimate for a v4 megacore program is negative (BERT-large on
+        # v4:16x16x16: -12 s): unusable. The step is then the roofline of the compiled
+        # program's own FLOPs and HBM bytes at the chip's peaks (a lower bound).
+        report["compiler_step_s_unusable"] = stats.pop("optimal_seconds")
+        if peak_flops and hbm_bandwidth:
+            report["estimated_step_s"] = max(
+                stats["flops"] / peak_flops, stats["bytes_accessed"] / hbm_bandwidth
+            )
+            report["estimate_method"] = (
+                "roofline at the chip's peaks (the compiler's estimate is negative; lower bound)"
+            )
     if "optimal_seconds" in stats:
         report["compiler_step_s"] = stats["optimal_seconds"]
         report["estimated_step_s"] = stats["optimal_seconds"]
@@ -160,7 +173,10 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
         if compiled is None:
             train["layer_estimate_error"] = (error or "").splitlines()[0][:300]
             return
-        estimates.append(float(cost_analysis(compiled)["optimal_seconds"]))
+        estimates.append(float(cost_analysis(compiled).get("optimal_seconds", -1.0)))
+        if estimates[-1] <= 0:  # see _step_report: no usable compiler estimate
+            train["layer_estimate_error"] = f"compiler estimate {estimates[-1]} s is unusable"
+            return
     per_layer = estimates[1] - estimates[0]
     train["layer_step_s"] = per_layer
     train["unrolled_1_2_layer_step_s"] = estimates
@@ -232,11 +248,15 @@ def inspect_config(
     slice_of = [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat]
     slice_of = slice_of if len(set(slice_of)) > 1 else None
     peak = topo.chip.peak_flops / topo.devices_per_chip if topo is not None else None
+    hbm_bw = topo.chip.hbm_bandwidth / topo.devices_per_chip if topo is not None else None
     train = _step_report(
-        *_compile(lambda: trainer.lower_train_step(phase)), peak_flops=peak, slice_of=slice_of
+        *_compile(lambda: trainer.lower_train_step(phase)),
+        peak_flops=peak,
+        slice_of=slice_of,
+        hbm_bandwidth=hbm_bw,
     )
     scanned = bool(config.model.get("scan_layers", False)) and config.model.num_layers > 2
-    if layer_estimate and scanned and "estimated_step_s" in train:
+    if layer_estimate and scanned and "compiler_step_s" in train:
         _layer_estimate(config, devices, train)
     logging.info("train step: %s", json.dumps(train))  # kept if the eval compile never ends
     params_b, opt_b = bytes_per_device(state["params"]), bytes_per_device(state["opt_state"])
@@ -296,6 +316,7 @@ def inspect_config(
             *_compile(lambda: fn.lower(state["params"], abstract)),
             peak_flops=peak,
             slice_of=slice_of,
+            hbm_bandwidth=hbm_bw,
         )
     return report
 
@@ -307,7 +328,7 @@ def _estimate_text(step: dict[str, Any]) -> str:
     method = step.get("estimate_method")
     if method is None:
         return f"{est * 1e3:.2f} ms (compiler)"
-    program = step["compiler_step_s"] * 1e3
+    program = step.get("compiler_step_s", step.get("compiler_step_s_unusable", 0.0)) * 1e3
     return f"{est * 1e3:.2f} ms ({method}; the compiled program's own: {program:.2f} ms)"
 
 
