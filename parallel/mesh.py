@@ -112,6 +112,7 @@ def _stack_slices(arrays: list[np.ndarray], dcn: tuple[int, ...]) -> np.ndarray:
 def _tpu_device_array(
     devices: Sequence[jax.Device], axes: tuple[str, ...], ici: tuple[int, ...], dcn: tuple[int, ...]
 ) -> tuple[np.ndarray, AxisMapping]:
+    """Each slice laid out by `parallel.torus` (same sizes, same mapping), stacked."""
     arrays, mapping = [], None
     for group in _by_slice(devices):
         array, mapping = slice_device_mesh(group, axes, ici)
@@ -121,8 +122,9 @@ def _tpu_device_array(
 
 
 def describe_mapping(mesh: Mesh) -> str:
-    """How a TPU mesh's axes sit on the hardware, e.g. `model=4 <- x 4; data=64 <- x 4 x
-    y 16 on 16x16 (x, y); split physical axes: x; DCN: data x 2 slices`; for other
+    """How `build_mesh` lays a TPU mesh of these sizes on the hardware, e.g. `model=4 <-
+    x 4; data=64 <- x 4 x y 16 on 16x16 (x, y); split physical axes: x; DCN: data x 2
+    slices` (the DCN factor of each axis read from the mesh's slice indices); for other
     devices, the plain device order."""
     devices = list(mesh.devices.flat)
     if devices[0].platform != "tpu":
