@@ -33,7 +33,7 @@ REFERENCE_TOPOLOGY = "v3:2x2"  # 8 TPU v3 cores: a quick compile for FLOPs per e
 def reference_costs(config, topology: str = REFERENCE_TOPOLOGY) -> dict[str, float]:
     """FLOPs and HBM bytes per training example and gradient bytes, from compiling the
     config data-parallel on a small TPU slice (one example per device)."""
-    from launch.inspect import inspect_config
+    from mlperf.inspection import inspect_config
     from parallel.topology import get_topology
 
     devices = len(get_topology(topology).devices)

@@ -112,7 +112,7 @@ def candidates(config, topology: str, devices: int, full: bool, slices: int = 1)
 
 def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
     """Compiles one candidate and models its step; failures become a row with `error`."""
-    from launch.inspect import inspect_config
+    from mlperf.inspection import inspect_config
     from parallel import costmodel
     from parallel.topology import get_topology
 
@@ -121,8 +121,12 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
     row: dict[str, Any] = {"candidate": cand.label, **dataclasses.asdict(cand)}
     row.update(chips=topo.chips * slices, slices=slices)
     try:
-        c = apply_candidate(config, cand, len(topo.devices), slices)
-        report = inspect_config(c, topology=cand.topology)
+        # Multi-slice: the real program over every slice, `data` spanning them over DCN.
+        c = apply_candidate(config, cand, len(topo.devices))
+        if slices > 1:
+            data = len(topo.devices) // cand.model * slices
+            c.train.eval_batch_size = -(-c.train.eval_batch_size // data) * data
+        report = inspect_config(c, topology=cand.topology, slices=slices)
     except Exception as e:  # reported in the table; the plan goes on
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return row
@@ -151,7 +155,8 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
         flops=train["flops_per_device"],
         bytes_accessed=train["bytes_accessed_per_device"],
         wire_bytes=sum(train["collective_wire_bytes"].values()),
-        compiler_s=train.get("estimated_step_s"),
+        # Without a usable compiler estimate: max(compute, HBM) + ICI, analytically.
+        compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
         peak_flops=chip.peak_flops / per_chip,
         hbm_bandwidth=chip.hbm_bandwidth / per_chip,
         ici_bandwidth=2 * chip.link_bandwidth / per_chip,
@@ -159,6 +164,7 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
         dcn_bytes=grad_shard,
         dcn_bandwidth=chip.dcn_bandwidth / per_chip * what_if.get("dcn_scale", 1.0),
         ici_scale=what_if.get("ici_scale", 1.0),
+        dcn_wire_bytes=train.get("dcn_wire_bytes"),
     )
     steps = steps_to_target(config)
     price = what_if.get("price") or chip.price_per_hour
@@ -169,6 +175,8 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
         memory_s=step.memory_s,
         comm_s=step.comm_s,
         dcn_s=step.dcn_s,
+        dcn_collectives=train.get("dcn_collectives"),
+        dcn_wire_bytes=train.get("dcn_wire_bytes"),
         compiler_s=step.compiler_s,
         steps=steps,
         time_to_train_s=ttt,
