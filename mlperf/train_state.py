@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from mlperf.layers.linear import FrozenParam
+from mlperf.task import Task
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.rules import STACK_AXIS
 from parallel.weight_update import layout_specs, to_views, view_shapes
@@ -192,12 +193,11 @@ def _check_pretrained(loaded: PyTree, shapes: PyTree, path: str, problems: list[
         problems.append(f"{path}: checkpoint {tuple(loaded.shape)}, model {tuple(shapes.shape)}")
 
 
-def pretrained_params(task: Any, layout: StateLayout) -> PyTree | None:
+def pretrained_params(task: Task, layout: StateLayout) -> PyTree | None:
     """The task's pretrained weights (`task.pretrained_params()`: {top-level module:
     params subtree} as numpy, e.g. an ImageNet backbone), checked against the model's
     shapes before anything is built; None when the task has none to load."""
-    load = getattr(task, "pretrained_params", None)
-    loaded = load() if load is not None else None
+    loaded = task.pretrained_params()
     if not loaded:
         return None
     shapes = layout.abstract_train_state["params"]
