@@ -3,7 +3,9 @@
 Variants: tiny (procedural shapes with masks, embedded, CPU minutes), coco128 (the person
 class of 128 real COCO images from ../shared/data, a fixed 32-image eval split), mlperf_v07
 (ResNet-50-FPN at 1344 px, global batch 256, SGD momentum 0.9, L2 1e-4, COCO 2017 from
-a data dir the user supplies; targets box mAP 0.377 and mask mAP 0.339).
+a data dir the user supplies, backbone from torchvision's ImageNet ResNet-50 given with
+--config.init.backbone_checkpoint; targets box mAP 0.377 and mask mAP 0.339;
+docs/official-inputs-vision.md).
 """
 
 from ml_collections import ConfigDict
@@ -47,8 +49,14 @@ def _base() -> ConfigDict:
             rois_per_image=512,
             det_pre_nms=1000,
             max_detections=100,
+            # Backbone fine-tuning: 0 trains it all; k >= 1 fixes the stem and the first
+            # k-1 stages (mlperf_v07: 2 and frozen batch norm, as the reference).
+            backbone_freeze_at=0,
+            backbone_frozen_bn=False,
         )
     )
+    # ImageNet backbone: a torchvision ResNet-50 state_dict (resnet50-*.pth); "" = random.
+    c.init = ConfigDict(dict(backbone_checkpoint=""))
     c.data = ConfigDict(
         dict(
             source="coco",  # "shapes" (embedded procedural set) or "coco" (a COCO folder)
@@ -59,8 +67,9 @@ def _base() -> ConfigDict:
             eval_images_dir="val2017",
             eval_count=0,  # with no eval_annotations: images held out of `annotations`
             categories=(),  # keep only these category names; empty: all
-            seed=0,
-            shapes_images=512,
+            split_seed=0,
+            shapes_images=512,  # the shapes set is generated at image_size pixels
+            shapes_seed=0,
             image_size=1344,
             max_instances=100,
             mask_size=112,  # rasterised ground-truth mask crop per instance
@@ -218,4 +227,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         # COCO 2017's 80 classes: the prepared data's count wins; this lets launch.inspect
         # and the AOT planner build the model without the data.
         c.model.num_classes = 80
+        # The reference (maskrcnn-benchmark, FREEZE_CONV_BODY_AT=2) fine-tunes from
+        # ImageNet with the stem and C2 fixed and every batch norm frozen.
+        c.model.update(backbone_freeze_at=2, backbone_frozen_bn=True)
     return c

@@ -4,7 +4,8 @@ Variants: tiny (the embedded procedural shapes set at 128x128 with a slim backbo
 CPU, minutes), coco128 (the person class of ../shared/data/coco128_seg, a fixed
 96/32 split of its image ids, from scratch), mlperf_v07 (Google's MLPerf v0.7 JAX run:
 SSD300, global batch 4096, 4-way spatial partitioning, target 0.23 mAP on COCO 2017 from a
-folder the user supplies with --config.data.data_dir).
+folder the user supplies with --config.data.data_dir, starting from torchvision's ImageNet
+ResNet-34 given with --config.init.backbone_checkpoint; docs/official-inputs-vision.md).
 """
 
 from ml_collections import ConfigDict
@@ -42,11 +43,17 @@ def _base() -> ConfigDict:
             # Image height of activations over the `model` mesh axis; the variant sets
             # mesh.ici_shape=(-1, k) and parallel.rules to match (checked by the task).
             spatial_partitions=1,
+            # Backbone fine-tuning: 0 trains it all (the SSD reference); k >= 1 fixes the
+            # stem and the first k-1 stages. frozen_bn: fixed batch-norm statistics.
+            backbone_freeze_at=0,
+            backbone_frozen_bn=False,
         )
     )
+    # ImageNet backbone: a torchvision ResNet-34 state_dict (resnet34-*.pth); "" = random.
+    c.init = ConfigDict(dict(backbone_checkpoint=""))
     c.data = ConfigDict(
         dict(
-            dataset="shapes",  # "shapes" (embedded, generated) or "coco" (a COCO folder)
+            source="shapes",  # "shapes" (embedded, generated) or "coco" (a COCO folder)
             data_dir="",  # relative COCO paths are resolved against this
             annotations="",
             images_dir="",
@@ -122,7 +129,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     if arg == "tiny":
         _slim(c)
         c.model.num_classes = 4  # 3 shapes + background (set, so inspect needs no data)
-        c.data.update(dataset="shapes", shapes_images=1024, shapes_image_size=128, eval_count=64)
+        c.data.update(source="shapes", shapes_images=1024, shapes_image_size=128, eval_count=64)
         c.optimizer.update(
             name="adam", learning_rate=3e-3, warmup_steps=20, power=1.0, l2_weight_decay=0.0
         )
@@ -140,7 +147,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     elif arg == "coco128":
         _slim(c)
         c.data.update(
-            dataset="coco",
+            source="coco",
             data_dir="../shared/data",
             annotations="coco128_seg/annotations/instances_train2017.json",
             images_dir="coco128_seg/images",
@@ -173,7 +180,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         # Google's MLPerf v0.7 JAX SSD run (2048 TPU-v3 chips): SSD300 on ResNet-34, GBS
         # 4096, batch-norm span 16, 4-way spatial partitioning (height over `model`).
         c.data.update(
-            dataset="coco",
+            source="coco",
             annotations="annotations/instances_train2017.json",
             images_dir="train2017",
             eval_annotations="annotations/instances_val2017.json",

@@ -5,8 +5,10 @@ augmentation), its id and size, and its instances: boxes (normalised x0, y0, x1,
 contiguous labels (1..K, 0 is background), crowd flags and polygons (flattened
 normalised coordinates with per-polygon point counts and owning instance), so Mask
 R-CNN can rasterise masks. Splits: `train` and `eval`, from two JSON files (COCO 2017
-train/val) or a fixed seeded split of one file's image ids. The eval split's ground
-truth is written as a clean COCO JSON (`eval_gt.json`) for pycocotools.
+train/val) or a fixed seeded split of one file's image ids. With a separate eval JSON
+of all categories (COCO 2017's instances_val2017.json) the evaluator scores against that
+file itself, as the MLPerf references do; otherwise the eval split's ground truth is
+written as a clean COCO JSON (`eval_gt.json`) for pycocotools.
 
 Bad records (missing or undecodable image, zero-area or out-of-image box, unknown
 category) are named in the log, skipped, and counted; a JSON that is not COCO at all
@@ -231,5 +233,14 @@ def prepare_coco(folder: CocoFolder, data_dir: str) -> CocoData:
         eval=sources[EVAL_SPLIT],
         label_to_category=meta["label_to_category"],
         category_names=meta["names"],
-        eval_gt_path=os.path.join(builder.data_dir, "eval_gt.json"),
+        eval_gt_path=eval_ground_truth_path(folder, builder.data_dir),
     )
+
+
+def eval_ground_truth_path(folder: CocoFolder, build_dir: str) -> str:
+    """The ground truth the eval scores against: the eval annotation file as given when
+    it is a separate file and every category is kept (the full val2017 JSON, as the
+    references score), else the filtered copy written at build time."""
+    if folder.eval_annotations and not folder.categories:
+        return folder.eval_annotations
+    return os.path.join(build_dir, "eval_gt.json")

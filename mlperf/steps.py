@@ -21,7 +21,12 @@ import optax
 from flax import nnx
 
 from mlperf.task import Task
-from mlperf.train_state import StateLayout, model_state_template
+from mlperf.train_state import (
+    UPDATED_MODEL_STATE,
+    StateLayout,
+    frozen_template,
+    model_state_template,
+)
 from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.weight_update import from_views, is_layout, to_views
@@ -30,6 +35,13 @@ PyTree = Any
 # aux key carrying updated non-trainable model state (batch-norm running statistics)
 # from the loss to the step; never reported as a metric.
 MODEL_STATE_KEY = "__model_state__"
+
+
+def _subtree(tree: PyTree, template: PyTree) -> PyTree:
+    """The leaves of `tree` at the paths of the nested dict `template`."""
+    if not isinstance(template, dict):
+        return tree
+    return {k: _subtree(tree[k], v) for k, v in template.items()}
 
 
 def _overwrite(tree: PyTree, updates: PyTree) -> PyTree:
@@ -63,6 +75,9 @@ def make_train_step(
     )
 
     has_model_state = model_state_template(layout) is not None
+    # Frozen weights keep their values whatever the optimizer does to them (decoupled
+    # weight decay would otherwise move them; their gradients are zero).
+    frozen = frozen_template(layout)
     # Each replica and microbatch returns its own updated running statistics (an EMA
     # step from the same old value); their mean is one EMA step with the mean statistics.
     model_state_scale = 1.0 / (partitioner.data_size * microbatches)
@@ -71,7 +86,7 @@ def make_train_step(
         model = layout.model(params)
         loss, aux = task.loss(model, batch, denominators, rng)
         if has_model_state:
-            stats = nnx.to_pure_dict(nnx.state(model, nnx.BatchStat))
+            stats = nnx.to_pure_dict(nnx.state(model, UPDATED_MODEL_STATE))
             aux = {**aux, MODEL_STATE_KEY: stats}
         return loss, aux
 
@@ -127,6 +142,8 @@ def make_train_step(
         new_view = optax.apply_updates(params_view, updates)
         new_view = jax.lax.with_sharding_constraint(new_view, gathered_shardings)
         new_params = from_views(new_view, layout.update_layouts)
+        if frozen is not None:
+            new_params = _overwrite(new_params, _subtree(params, frozen))
         if has_model_state:
             stats = jax.tree.map(lambda x: x * model_state_scale, aux.pop(MODEL_STATE_KEY))
             new_params = _overwrite(new_params, stats)

@@ -258,3 +258,11 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
     @abc.abstractmethod
     def flops_per_example(self, phase: Phase) -> float:
         """Analytic training FLOPs per example (forward + backward) for MFU."""
+
+    # ---- initialisation --------------------------------------------------------------------
+    def pretrained_params(self) -> dict[str, Any] | None:
+        """Weights to start from instead of the random init: {top-level module name: params
+        subtree as numpy}, e.g. {"backbone": ...} from a torchvision ImageNet ResNet;
+        checked against the model's shapes and placed into the sharded state
+        (mlperf/train_state.py). None: the random init."""
+        return None

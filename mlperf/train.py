@@ -41,7 +41,9 @@ from mlperf.train_state import (
     build_state_layout,
     init_train_state,
     param_count,
+    pretrained_params,
     stacked_leaves,
+    with_params,
 )
 from mlperf.validate import check_workdir, validate
 from parallel.data_parallel import GradReduction
@@ -97,9 +99,13 @@ class Trainer:
         return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
 
     def init_state(self):
-        return init_train_state(
+        """The initial train state: random init, then the task's pretrained weights (an
+        ImageNet backbone) where it brings them, read and checked before the init."""
+        pretrained = pretrained_params(self.task, self.layout)
+        state = init_train_state(
             self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
         )
+        return state if pretrained is None else with_params(state, pretrained, self.layout)
 
 
 def build_partitioner(config, devices=None) -> Partitioner:

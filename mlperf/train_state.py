@@ -15,9 +15,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
+from mlperf.layers.linear import FrozenParam
+from mlperf.task import Task
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.rules import STACK_AXIS
 from parallel.weight_update import layout_specs, to_views, view_shapes
@@ -73,11 +76,22 @@ def stacked_leaves(model: nnx.Module) -> PyTree:
     )
 
 
+# Model state the train step writes back from the forward pass (batch-norm running
+# statistics); frozen weights are non-trainable state too but never change.
+UPDATED_MODEL_STATE = nnx.All(nnx.BatchStat, nnx.Not(FrozenParam))
+
+
 def model_state_template(layout: StateLayout) -> PyTree | None:
-    """The params-subtree of non-trainable model state (nnx.BatchStat), or None if the
-    model has none (BERT)."""
-    stats = nnx.to_pure_dict(layout.abstract_state.filter(nnx.BatchStat))
+    """The params-subtree of non-trainable model state the forward pass updates
+    (batch-norm running statistics), or None if the model has none (BERT)."""
+    stats = nnx.to_pure_dict(layout.abstract_state.filter(UPDATED_MODEL_STATE))
     return stats if jax.tree.leaves(stats) else None
+
+
+def frozen_template(layout: StateLayout) -> PyTree | None:
+    """The params-subtree of frozen weights (FrozenParam), or None if there are none."""
+    frozen = nnx.to_pure_dict(layout.abstract_state.filter(FrozenParam))
+    return frozen if jax.tree.leaves(frozen) else None
 
 
 def param_count(layout: StateLayout) -> int:
@@ -159,3 +173,58 @@ def init_train_state(
         }
 
     return partitioner.jit(init, out_shardings=layout.state_shardings)()
+
+
+def _check_pretrained(loaded: PyTree, shapes: PyTree, path: str, problems: list[str]) -> None:
+    """Collects every difference between a pretrained subtree and the model's."""
+    if isinstance(loaded, dict):
+        if not isinstance(shapes, dict):
+            problems.append(f"{path}: the model has a single array here")
+            return
+        for k in sorted(set(loaded) - set(shapes), key=str):
+            problems.append(f"{path}/{k}: not in the model")
+        for k in sorted(set(shapes) - set(loaded), key=str):
+            problems.append(f"{path}/{k}: missing from the checkpoint")
+        for k in sorted(set(loaded) & set(shapes), key=str):
+            _check_pretrained(loaded[k], shapes[k], f"{path}/{k}", problems)
+    elif isinstance(shapes, dict):
+        problems.append(f"{path}: the model has a module here, the checkpoint one array")
+    elif tuple(loaded.shape) != tuple(shapes.shape):
+        problems.append(f"{path}: checkpoint {tuple(loaded.shape)}, model {tuple(shapes.shape)}")
+
+
+def pretrained_params(task: Task, layout: StateLayout) -> PyTree | None:
+    """The task's pretrained weights (`task.pretrained_params()`: {top-level module:
+    params subtree} as numpy, e.g. an ImageNet backbone), checked against the model's
+    shapes before anything is built; None when the task has none to load."""
+    loaded = task.pretrained_params()
+    if not loaded:
+        return None
+    shapes = layout.abstract_train_state["params"]
+    problems: list[str] = []
+    for name, subtree in loaded.items():
+        if name not in shapes:
+            problems.append(f"{name}: not a module of the model")
+        else:
+            _check_pretrained(subtree, shapes[name], name, problems)
+    if problems:
+        shown = "; ".join(problems[:4])
+        raise ValueError(
+            f"the pretrained weights do not fit the model ({len(problems)} differences): {shown}."
+        )
+    return loaded
+
+
+def with_params(state: PyTree, loaded: PyTree, layout: StateLayout) -> PyTree:
+    """`state` with the params at the paths of `loaded` replaced, each placed straight
+    into its own sharding and cast to its parameter's dtype (the optimizer state is
+    unchanged: zero moments do not depend on the values)."""
+    abstract = layout.abstract_train_state["params"]
+
+    def place(new, old, target):
+        if not isinstance(new, dict):
+            array = np.asarray(new, dtype=target.dtype)
+            return jax.make_array_from_callback(target.shape, target.sharding, lambda i: array[i])
+        return {k: place(new[k], old[k], target[k]) if k in new else old[k] for k in old}
+
+    return {**state, "params": place(loaded, state["params"], abstract)}

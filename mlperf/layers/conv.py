@@ -12,6 +12,11 @@ replica's rows is formed by parallel/batch_groups.py; in an auto-sharded jit the
 batch axis is already global and the group is a reshape of it. Running statistics are
 `nnx.BatchStat` variables: they live next to the parameters in the train state and the
 train step writes their updated values back after the optimizer step.
+
+Frozen layers (the Mask R-CNN reference's frozen stem, stage 1 and batch norm) hold
+their weights as `FrozenParam`: a frozen conv's kernel, and a frozen batch norm's
+statistics and affine, which then normalises with the running statistics in training
+too (torchvision's FrozenBatchNorm2d).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mlperf.layers.linear import Initializer, logical_param
+from mlperf.layers.linear import FrozenParam, Initializer, logical_param
 from parallel.batch_groups import batch_group_sum
 from parallel.partition import constrain
 
@@ -59,6 +64,7 @@ class Conv(nnx.Module):
         dtype: jnp.dtype = jnp.float32,
         kernel_init: Initializer = CONV_INIT,
         stride_by_slicing: bool = False,
+        frozen: bool = False,
     ):
         self.strides = (strides, strides)
         self.stride_by_slicing = stride_by_slicing and strides > 1
@@ -71,7 +77,9 @@ class Conv(nnx.Module):
             kernel_init,
             (kernel_size, kernel_size, in_features, out_features),
             ("kernel_h", "kernel_w", "conv_in", "conv_out"),
+            frozen=frozen,
         )
+        self.frozen = frozen
         self.bias = (
             logical_param(rngs, nnx.initializers.zeros, (out_features,), ("channels",))
             if use_bias
@@ -79,9 +87,12 @@ class Conv(nnx.Module):
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.kernel[...]
+        if self.frozen:
+            kernel = jax.lax.stop_gradient(kernel)
         y = jax.lax.conv_general_dilated(
             x.astype(self.dtype),
-            self.kernel[...].astype(self.dtype),
+            kernel.astype(self.dtype),
             window_strides=(1, 1) if self.stride_by_slicing else self.strides,
             padding=self.padding,
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
@@ -99,7 +110,8 @@ class BatchNorm(nnx.Module):
 
     train=True normalises with the group's batch statistics and moves the running
     statistics towards the replica-average ones (momentum); train=False uses the
-    running statistics.
+    running statistics. `frozen_stats` uses (and keeps) the running statistics in
+    training too; `frozen_affine` keeps scale and bias fixed.
     """
 
     def __init__(
@@ -112,20 +124,29 @@ class BatchNorm(nnx.Module):
         group_size: int = 0,
         scale_init: Initializer = nnx.initializers.ones,
         dtype: jnp.dtype = jnp.float32,
+        frozen_stats: bool = False,
+        frozen_affine: bool = False,
     ):
         self.momentum = momentum
         self.epsilon = epsilon
         self.group_size = group_size
         self.dtype = dtype
-        self.scale = logical_param(rngs, scale_init, (features,), ("channels",))
-        self.bias = logical_param(rngs, nnx.initializers.zeros, (features,), ("channels",))
+        self.frozen_stats = frozen_stats
+        self.frozen_affine = frozen_affine
+        shape, axes = (features,), ("channels",)
+        self.scale = logical_param(rngs, scale_init, shape, axes, frozen=frozen_affine)
+        self.bias = logical_param(rngs, nnx.initializers.zeros, shape, axes, frozen=frozen_affine)
+        stat = FrozenParam if frozen_stats else nnx.BatchStat
         with nnx.use_eager_sharding(False):
-            self.mean = nnx.BatchStat(jnp.zeros((features,)), out_sharding=("channels",))
-            self.var = nnx.BatchStat(jnp.ones((features,)), out_sharding=("channels",))
+            self.mean = stat(jnp.zeros((features,)), out_sharding=axes)
+            self.var = stat(jnp.ones((features,)), out_sharding=axes)
 
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         x32 = x.astype(jnp.float32)
-        if train:
+        scale, bias = self.scale[...], self.bias[...]
+        if self.frozen_affine:
+            scale, bias = jax.lax.stop_gradient(scale), jax.lax.stop_gradient(bias)
+        if train and not self.frozen_stats:
             rows, h, w, c = x.shape
             n_local = h * w  # pixels per example (global H x W: XLA reduces over `model`)
             s1, n = batch_group_sum(jnp.sum(x32, axis=(1, 2)), rows, self.group_size)
@@ -142,9 +163,9 @@ class BatchNorm(nnx.Module):
             self.var[...] = m * self.var[...] + (1 - m) * jax.lax.stop_gradient(batch_var)
             inv = jax.lax.rsqrt(var + self.epsilon)[:, None, None, :]
         else:
-            centred = x32 - self.mean[...]
-            inv = jax.lax.rsqrt(self.var[...] + self.epsilon)
-        y = centred * inv * self.scale[...] + self.bias[...]
+            centred = x32 - jax.lax.stop_gradient(self.mean[...])
+            inv = jax.lax.rsqrt(jax.lax.stop_gradient(self.var[...]) + self.epsilon)
+        y = centred * inv * scale + bias
         return constrain_image(y.astype(self.dtype))
 
 
@@ -164,9 +185,19 @@ class ConvBN(nnx.Module):
         bn_momentum: float = 0.9,
         zero_init_scale: bool = False,
         dtype: jnp.dtype = jnp.float32,
+        frozen: bool = False,
+        frozen_bn: bool = False,
     ):
+        """`frozen`: kernel and batch-norm affine fixed (a frozen stage); `frozen_bn`:
+        batch norm with fixed statistics and affine."""
         self.conv = Conv(
-            in_features, out_features, kernel_size, rngs=rngs, strides=strides, dtype=dtype
+            in_features,
+            out_features,
+            kernel_size,
+            rngs=rngs,
+            strides=strides,
+            dtype=dtype,
+            frozen=frozen,
         )
         self.bn = BatchNorm(
             out_features,
@@ -175,6 +206,8 @@ class ConvBN(nnx.Module):
             group_size=bn_group_size,
             scale_init=nnx.initializers.zeros if zero_init_scale else nnx.initializers.ones,
             dtype=dtype,
+            frozen_stats=frozen_bn,
+            frozen_affine=frozen or frozen_bn,
         )
         self.relu = relu
 

@@ -18,18 +18,31 @@ Initializer = nnx.initializers.Initializer
 DEFAULT_INIT = nnx.initializers.truncated_normal(stddev=0.02)
 
 
+class FrozenParam(nnx.BatchStat):
+    """A weight held fixed during training (a frozen backbone stage, frozen batch norm).
+
+    Not an nnx.Param, so no L2 term or trainable-parameter count includes it; as
+    non-trainable model state it lives in the train state and checkpoints next to the
+    weights (same names, so a checkpoint loads whether or not a layer is frozen), and the
+    train step keeps its value (mlperf/steps.py). Layers stop gradients at it, so no
+    backward pass is spent on it."""
+
+
 def logical_param(
     rngs: nnx.Rngs,
     init: Initializer,
     shape: Sequence[int],
     axes: Sequence[str | None],
     dtype: jnp.dtype = jnp.float32,
-) -> nnx.Param:
-    """An nnx.Param whose metadata names its logical axes (one per dimension)."""
+    frozen: bool = False,
+) -> nnx.Param | FrozenParam:
+    """An nnx.Param whose metadata names its logical axes (one per dimension); a
+    FrozenParam instead when `frozen`."""
     if len(axes) != len(shape):
         raise ValueError(f"param of shape {tuple(shape)} needs {len(shape)} axes, got {axes}.")
+    kind = FrozenParam if frozen else nnx.Param
     with nnx.use_eager_sharding(False):
-        return nnx.Param(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes))
+        return kind(init(rngs.params(), tuple(shape), dtype), out_sharding=tuple(axes))
 
 
 class DenseGeneral(nnx.Module):

@@ -15,10 +15,11 @@ from flax import nnx
 
 from input_pipeline import maskrcnn_data
 from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
+from input_pipeline.coco_source import cache_dir, coco_folder
 from input_pipeline.grain_pipeline import padded_eval_batches
-from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
 from mlperf.coco_eval import CocoEvaluator
 from mlperf.layers.resnet import ResNetConfig
+from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.maskrcnn.boxes import AnchorConfig
 from mlperf.maskrcnn.model import MaskRcnn, MaskRcnnConfig
 from mlperf.maskrcnn.postprocess import coco_results
@@ -49,6 +50,7 @@ class MaskRcnnTask(Task[MaskRcnnData]):
     def __init__(self, config, data: MaskRcnnData | None = None):
         super().__init__(config, data)
         self.mask_target = float(config.train.mask_target)
+        check_backbone_checkpoint(config)
 
     # ---- data ----------------------------------------------------------------------------
     def input_params(self) -> maskrcnn_data.MaskRcnnInput:
@@ -58,38 +60,15 @@ class MaskRcnnTask(Task[MaskRcnnData]):
             d.image_size, d.max_instances, d.mask_size, tuple(d.get("scale_range", (1.0, 1.0)))
         )
 
-    def _cache_dir(self) -> str:
-        return os.path.expanduser(self.config.data.cache_dir or "~/.cache/multipod")
-
     def coco_folder(self) -> CocoFolder:
-        """The COCO-format source the config names (the embedded shapes set or a folder)."""
-        d = self.config.data
-        if d.source == "shapes":
-            json_path, images = prepare_shapes(
-                self._cache_dir(),
-                ShapesParams(num_images=d.shapes_images, image_size=d.image_size, seed=d.seed),
-            )
-            return CocoFolder(json_path, images, eval_count=d.eval_count, split_seed=d.seed)
-        if d.source != "coco":
-            raise ValueError(f"data.source={d.source!r}: use 'shapes' or 'coco'.")
-
-        def path(p: str) -> str:
-            return p if not p or os.path.isabs(p) else os.path.join(d.data_dir, p)
-
-        return CocoFolder(
-            annotations=path(d.annotations),
-            images_dir=path(d.images_dir),
-            eval_annotations=path(d.eval_annotations),
-            eval_images_dir=path(d.eval_images_dir),
-            eval_count=d.eval_count,
-            split_seed=d.seed,
-            categories=tuple(d.categories),
-        )
+        """The COCO-format source the config names (input_pipeline/coco_source.py)."""
+        return coco_folder(self.config.data, self.config.data.image_size)
 
     def prepare(self, shard_index: int, shard_count: int) -> MaskRcnnData:
         """Builds (or loads) the data set and the eval ground truth before compiling."""
         del shard_index, shard_count  # every host reads the same prepared set
-        data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
+        self.pretrained_params()  # a wrong backbone file fails before the data is built
+        data = prepare_coco(self.coco_folder(), os.path.join(cache_dir(self.config.data), "tfds"))
         return MaskRcnnData(data, CocoEvaluator(data.eval_gt_path, data.label_to_category))
 
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
@@ -180,12 +159,7 @@ class MaskRcnnTask(Task[MaskRcnnData]):
         return MaskRcnnConfig(
             num_classes=self.num_classes(),
             image_size=(size, size),
-            backbone=ResNetConfig(
-                block=m.block,
-                stage_sizes=tuple(m.stage_sizes),
-                width=m.width,
-                bn_group_size=m.bn_group_size,
-            ),
+            backbone=self.backbone_config(),
             anchors=AnchorConfig(
                 min_level=2,
                 max_level=6,
@@ -213,8 +187,29 @@ class MaskRcnnTask(Task[MaskRcnnData]):
             dtype=dtype,
         )
 
+    def backbone_config(self) -> ResNetConfig:
+        """The ResNet (C2..C5) with the reference's fine-tuning choices (mlperf_v07: stem
+        and C2 fixed, frozen batch norm)."""
+        m = self.config.model
+        return ResNetConfig(
+            block=m.block,
+            stage_sizes=tuple(m.stage_sizes),
+            width=m.width,
+            bn_group_size=m.bn_group_size,
+            freeze_at=m.get("backbone_freeze_at", 0),
+            frozen_bn=m.get("backbone_frozen_bn", False),
+        )
+
     def build_model(self, rngs: nnx.Rngs) -> MaskRcnn:
         return MaskRcnn(self.model_config(), rngs=rngs)
+
+    def pretrained_params(self) -> dict[str, Any] | None:
+        """The ImageNet ResNet-50 of `init.backbone_checkpoint` (a torchvision .pth) as
+        the backbone's params, or None without one."""
+        path = self.config.get("init", {}).get("backbone_checkpoint", "")
+        if not path:
+            return None
+        return {"backbone": load_torchvision_resnet(path, self.backbone_config())}
 
     # ---- loss ----------------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mlperf.layers.conv import BatchNorm, Conv, constrain_image
-from mlperf.layers.resnet import ResNet, resnet34
+from mlperf.layers.resnet import ResNet, ResNetConfig, resnet34
 from mlperf.ssd.boxes import AnchorConfig
 from parallel.partition import constrain
 
@@ -34,9 +34,27 @@ class SsdConfig:
     bn_group_size: int = 0
     bn_momentum: float = 0.9
     dtype: jnp.dtype = jnp.float32
+    # Backbone fine-tuning (mlperf/layers/resnet.py); the SSD reference trains it all.
+    backbone_freeze_at: int = 0
+    backbone_frozen_bn: bool = False
     # Height shards of spatial partitioning (>1: the extra layers' stride-2 convs run as
     # stride-1 convs plus slicing, see mlperf.layers.conv.Conv).
     spatial_partitions: int = 1
+
+
+def backbone_config(cfg: SsdConfig) -> ResNetConfig:
+    """The ResNet-34 up to C4, third stage at stride 1 (38x38 at 300x300): the MLPerf SSD
+    backbone, torchvision's resnet34 with layer3's first block at stride 1."""
+    return resnet34(
+        width=cfg.backbone_width,
+        num_stages=3,
+        stage_strides=(1, 2, 1),
+        bn_group_size=cfg.bn_group_size,
+        bn_momentum=cfg.bn_momentum,
+        dtype=cfg.dtype,
+        freeze_at=cfg.backbone_freeze_at,
+        frozen_bn=cfg.backbone_frozen_bn,
+    )
 
 
 def extra_layer_strides(feature_sizes: tuple[int, ...]) -> list[str]:
@@ -95,15 +113,7 @@ class Ssd(nnx.Module):
                 "extra_mid_channels."
             )
         self.cfg = cfg
-        backbone_cfg = resnet34(
-            width=cfg.backbone_width,
-            num_stages=3,
-            stage_strides=(1, 2, 1),
-            bn_group_size=cfg.bn_group_size,
-            bn_momentum=cfg.bn_momentum,
-            dtype=cfg.dtype,
-        )
-        self.backbone = ResNet(backbone_cfg, rngs=rngs)
+        self.backbone = ResNet(backbone_config(cfg), rngs=rngs)
         c4 = self.backbone.out_channels["C4"]
         # The reference projects C4 to the first level's channels only if they differ.
         self.c4_proj = (

@@ -19,12 +19,13 @@ import numpy as np
 from flax import nnx
 
 from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
-from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
+from input_pipeline.coco_source import cache_dir, coco_folder
 from mlperf.coco_eval import CocoEvaluator
+from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.ssd import data as ssd_data
 from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_boxes
 from mlperf.ssd.loss import ssd_loss_per_image
-from mlperf.ssd.model import Ssd, SsdConfig
+from mlperf.ssd.model import Ssd, SsdConfig, backbone_config
 from mlperf.ssd.nms import batched_nms
 from mlperf.task import Phase, Task, single_phase
 from parallel.precision import policy_from_config
@@ -74,42 +75,20 @@ class SsdTask(Task[SsdData]):
     def __init__(self, config, data: SsdData | None = None):
         super().__init__(config, data)
         check_spatial_partitioning(config)
+        check_backbone_checkpoint(config)
         self.anchors = anchor_config(config.model)
         self.encoder = BoxEncoder(self.anchors)
 
     # ---- data ------------------------------------------------------------------------
-    def _cache_dir(self) -> str:
-        return os.path.expanduser(self.config.data.cache_dir or "~/.cache/multipod")
-
     def coco_folder(self) -> CocoFolder:
-        """The configured data set as a COCO folder (the shapes set is generated first)."""
-        d = self.config.data
-        if d.dataset == "shapes":
-            params = ShapesParams(
-                num_images=d.shapes_images, image_size=d.shapes_image_size, seed=d.shapes_seed
-            )
-            ann, images = prepare_shapes(self._cache_dir(), params)
-            return CocoFolder(ann, images, eval_count=d.eval_count, split_seed=d.split_seed)
-        if d.dataset != "coco":
-            raise ValueError(f"data.dataset={d.dataset!r}: use 'shapes' or 'coco'.")
-
-        def path(p: str) -> str:
-            return os.path.join(d.data_dir, p) if p and not os.path.isabs(p) else p
-
-        return CocoFolder(
-            annotations=path(d.annotations),
-            images_dir=path(d.images_dir),
-            eval_annotations=path(d.eval_annotations),
-            eval_images_dir=path(d.eval_images_dir),
-            eval_count=d.eval_count,
-            split_seed=d.split_seed,
-            categories=tuple(d.categories),
-        )
+        """The configured data set as a COCO folder (input_pipeline/coco_source.py)."""
+        return coco_folder(self.config.data, self.config.data.shapes_image_size)
 
     def prepare(self, shard_index: int, shard_count: int) -> SsdData:
         """Builds (or loads) the data set and the COCO evaluator."""
         del shard_index, shard_count  # every host reads the same random-access splits
-        data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
+        self.pretrained_params()  # a wrong backbone file fails before the data is built
+        data = prepare_coco(self.coco_folder(), os.path.join(cache_dir(self.config.data), "tfds"))
         classes = self.config.model.num_classes
         if classes and classes != data.num_classes:
             raise ValueError(
@@ -186,8 +165,12 @@ class SsdTask(Task[SsdData]):
         classes = m.num_classes or (self.data.coco.num_classes if self.has_data else 0)
         if not classes:
             raise ValueError("model.num_classes is 0 and no data is prepared to take it from.")
+        return self._model_shape(classes)
+
+    def _model_shape(self, num_classes: int) -> SsdConfig:
+        m = self.config.model
         return SsdConfig(
-            num_classes=classes,
+            num_classes=num_classes,
             anchors=self.anchors,
             backbone_width=m.backbone_width,
             feature_channels=tuple(m.feature_channels),
@@ -195,6 +178,8 @@ class SsdTask(Task[SsdData]):
             bn_group_size=m.bn_group_size,
             bn_momentum=m.bn_momentum,
             spatial_partitions=m.spatial_partitions,
+            backbone_freeze_at=m.get("backbone_freeze_at", 0),
+            backbone_frozen_bn=m.get("backbone_frozen_bn", False),
             dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
             ).compute_dtype,
@@ -202,6 +187,15 @@ class SsdTask(Task[SsdData]):
 
     def build_model(self, rngs: nnx.Rngs) -> Ssd:
         return Ssd(self.model_config(), rngs=rngs)
+
+    def pretrained_params(self) -> dict[str, Any] | None:
+        """The ImageNet ResNet-34 of `init.backbone_checkpoint` (a torchvision .pth) as
+        the backbone's params, or None without one."""
+        path = self.config.get("init", {}).get("backbone_checkpoint", "")
+        if not path:
+            return None
+        cfg = backbone_config(self._model_shape(num_classes=1))
+        return {"backbone": load_torchvision_resnet(path, cfg)}
 
     # ---- loss --------------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:
