@@ -1,17 +1,134 @@
-"""Joining a multi-client run: one process per host, same command on every host."""
+"""Joining a multi-client run: one process per host, same command on every host.
+
+Before `jax.distributed` starts, process 0 holds a roll call on the coordinator port:
+every other process connects and says who it is, and process 0 starts the jax
+coordination service only once all of them answered. XLA's coordination client aborts
+the whole process (SIGABRT, a C++ trace) when a peer never registers, so the roll call
+is where a missing process becomes one line naming it, on every host, within
+`--init_timeout_s`. After joining, a peer that stops sending heartbeats (or breaks a
+collective) ends every survivor with one line naming it (exit code EXIT_PEER_LOST).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import socket
+import sys
 import time
+
+from launch.cli import EXIT_PEER_LOST
+
+_HELLO = "multipod-roll-call"
 
 
 class DistributedSetupError(RuntimeError):
     """The process could not join the run; the message says why and what to check."""
 
 
+class PeerLostError(RuntimeError):
+    """Another process of the run died or stopped answering; the message names it."""
+
+    def exit(self, wait_for_heartbeats_s: float = 0.0) -> None:
+        """Ends the process with EXIT_PEER_LOST and one line on stderr.
+
+        A broken collective does not say which process died; the coordinator's
+        missed-heartbeat report does, so wait up to `wait_for_heartbeats_s` for it (its
+        callback prints the line naming the process and exits). os._exit: jax's exit
+        handler would wait for the dead peer at the shutdown barrier, then abort.
+        """
+        deadline = time.monotonic() + wait_for_heartbeats_s
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+        print(f"multipod: error: {self}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(EXIT_PEER_LOST)
+
+    @classmethod
+    def from_collective_error(
+        cls, error: BaseException, process_id: int, num_processes: int
+    ) -> PeerLostError | None:
+        """A cross-process collective that failed because a peer went away, or None."""
+        if num_processes <= 1:
+            return None
+        text = f"{type(error).__name__}: {error}"
+        if not re.search(
+            r"gloo|connection (reset|closed)|heartbeat|task:\d|UNAVAILABLE|coordination service",
+            text,
+            re.IGNORECASE,
+        ):
+            return None
+        return cls(
+            f"process {process_id} of {num_processes}: a cross-process collective failed, "
+            f"most likely because {_who(text)} died ({_first_line(text)}); check that "
+            "process's log and host, then rerun the same command to resume."
+        )
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _who(text: str) -> str:
+    tasks = {int(t) for t in re.findall(r"\btask[: ](\d+)", text, re.IGNORECASE)}
+    unhealthy = re.search(r"stopped sending heartbeats\):\s*([\d,\s]+)", text)
+    if unhealthy:
+        tasks |= {int(t) for t in re.findall(r"\d+", unhealthy.group(1))}
+    tasks = sorted(tasks)
+    if tasks:
+        return "process " + ", ".join(str(t) for t in tasks)
+    return "another process"
+
+
+def _on_missed_heartbeat(process_id: int, num_processes: int):
+    """The coordination client's callback: it runs on a client thread, so print the line
+    and end the process at once (the default callback aborts with a C++ trace)."""
+
+    def callback(status, *_args) -> None:
+        text = str(status)
+        who = _who(text)
+        if who == "another process" and process_id != 0:
+            who = "process 0 (the coordinator) or another process"
+        print(
+            f"multipod: error: process {process_id} of {num_processes}: {who} stopped "
+            f"answering the coordinator (missed heartbeats: {_first_line(text)}); check that "
+            "process's log and host, then rerun the same command to resume.",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(EXIT_PEER_LOST)
+
+    return callback
+
+
+@contextlib.contextmanager
+def _heartbeat_callback(process_id: int, num_processes: int):
+    """jax.distributed.initialize does not take a missed-heartbeat callback; hand one to
+    the client it creates."""
+    from jax._src import distributed
+
+    make = distributed._jax.get_distributed_runtime_client
+
+    def with_callback(*args, **kwargs):
+        kwargs["missed_heartbeat_callback"] = _on_missed_heartbeat(process_id, num_processes)
+        return make(*args, **kwargs)
+
+    distributed._jax.get_distributed_runtime_client = with_callback
+    try:
+        yield
+    finally:
+        distributed._jax.get_distributed_runtime_client = make
+
+
 def init_distributed(
-    coordinator: str | None, num_processes: int, process_id: int, tpu_pod: bool, timeout_s: int
+    coordinator: str | None,
+    num_processes: int,
+    process_id: int,
+    tpu_pod: bool,
+    timeout_s: int,
+    heartbeat_timeout_s: int = 60,
 ) -> None:
     """Calls jax.distributed.initialize for a multi-process run (no-op for one process).
 
@@ -44,40 +161,152 @@ def init_distributed(
             f"--num_processes={num_processes} needs --coordinator host:port (process 0's "
             f"address), got {coordinator!r}."
         )
-    if process_id != 0:
-        # XLA's client aborts the whole process when the coordinator never answers, so
-        # wait for it here, where a timeout can still be a clear error.
-        _wait_for_coordinator(coordinator, timeout_s, process_id, num_processes)
+    deadline = time.monotonic() + timeout_s
+    if process_id == 0:
+        hold_roll_call(coordinator, num_processes, timeout_s)
+    else:
+        answer_roll_call(coordinator, process_id, num_processes, timeout_s)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    remaining = max(int(deadline - time.monotonic()), 10)
     try:
-        jax.distributed.initialize(
-            coordinator,
-            num_processes=num_processes,
-            process_id=process_id,
-            initialization_timeout=timeout_s,
-        )
+        with _heartbeat_callback(process_id, num_processes):
+            jax.distributed.initialize(
+                coordinator,
+                num_processes=num_processes,
+                process_id=process_id,
+                initialization_timeout=remaining,
+                heartbeat_timeout_seconds=heartbeat_timeout_s,
+            )
     except Exception as e:  # noqa: BLE001 - re-raised with what to check
         raise DistributedSetupError(
-            f"process {process_id} of {num_processes} could not reach the coordinator "
-            f"{coordinator} within {timeout_s} s ({type(e).__name__}). Is process 0 running, "
-            "and is the address reachable from here?"
+            f"process {process_id} of {num_processes} answered the roll call but could not "
+            f"join jax.distributed at {coordinator} ({_first_line(str(e))}); did another "
+            "process exit meanwhile? Check every process's log."
         ) from e
 
 
-def _wait_for_coordinator(
-    address: str, timeout_s: int, process_id: int, num_processes: int
-) -> None:
-    host, _, port = address.rpartition(":")
+def hold_roll_call(coordinator: str, num_processes: int, timeout_s: float) -> None:
+    """Process 0: waits on the coordinator's port until processes 1..N-1 have all said
+    hello, then releases the port for the jax coordination service. A process that never
+    comes is named in a DistributedSetupError, on process 0 and on every waiting peer."""
+    port = int(coordinator.rpartition(":")[2])
     deadline = time.monotonic() + timeout_s
-    while True:
+    peers: dict[int, socket.socket] = {}
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if server.family == socket.AF_INET6:
+            server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         try:
-            with socket.create_connection((host, int(port)), timeout=1.0):
-                return
+            server.bind(("", port))
         except OSError as e:
-            if time.monotonic() >= deadline:
-                raise DistributedSetupError(
-                    f"process {process_id} of {num_processes} could not reach the coordinator "
-                    f"{address} within {timeout_s} s ({e.strerror or e}). Is process 0 running, "
-                    "and is the address reachable from here?"
-                ) from e
+            raise DistributedSetupError(
+                f"process 0 cannot listen on the coordinator port {port} ({e.strerror or e}); "
+                "is another run using it? Choose another --coordinator port."
+            ) from None
+        server.listen(max(num_processes, 8))
+        try:
+            while len(peers) < num_processes - 1:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [p for p in range(1, num_processes) if p not in peers]
+                    message = (
+                        f"process 0 of {num_processes}: process(es) "
+                        f"{', '.join(map(str, missing))} did not join within {timeout_s:g} s; "
+                        f"start the same command on their hosts (--process_id "
+                        f"{', '.join(map(str, missing))}) and check that they reach "
+                        f"{coordinator}."
+                    )
+                    _tell_all(peers, f"missing {' '.join(map(str, missing))}")
+                    raise DistributedSetupError(message)
+                server.settimeout(min(left, 1.0))
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                peer = _read_hello(conn, num_processes, peers)
+                if peer is not None:
+                    peers[peer] = conn
+            _tell_all(peers, "ok")
+            for conn in peers.values():  # the peer closes first: no TIME_WAIT on our port
+                with contextlib.suppress(OSError):
+                    conn.settimeout(5.0)
+                    conn.recv(16)
+        finally:
+            for conn in peers.values():
+                conn.close()
+
+
+def _read_hello(conn: socket.socket, num_processes: int, peers: dict) -> int | None:
+    """A peer's `multipod-roll-call <id> <count>` line, checked; None if not a peer."""
+    conn.settimeout(5.0)
+    try:
+        words = conn.recv(256).decode(errors="replace").split()
+    except OSError:
+        conn.close()
+        return None
+    if len(words) != 3 or words[0] != _HELLO or not all(w.isdigit() for w in words[1:]):
+        conn.close()  # not one of ours (a port scanner, a stray client)
+        return None
+    peer, count = int(words[1]), int(words[2])
+    problem = None
+    if count != num_processes:
+        problem = (
+            f"process {peer} was started with --num_processes={count} but process 0 with "
+            f"--num_processes={num_processes}; give every process the same count."
+        )
+    elif not 0 < peer < num_processes:
+        problem = f"process id {peer} is out of range 1..{num_processes - 1}."
+    elif peer in peers:
+        problem = f"two processes were started with --process_id={peer}; give each its own id."
+    if problem is not None:
+        with contextlib.suppress(OSError):
+            conn.sendall(f"error {problem}\n".encode())
+        conn.close()
+        _tell_all(peers, f"error {problem}")
+        raise DistributedSetupError(f"process 0 of {num_processes}: {problem}")
+    return peer
+
+
+def _tell_all(peers: dict[int, socket.socket], line: str) -> None:
+    for conn in peers.values():
+        with contextlib.suppress(OSError):
+            conn.sendall(f"{line}\n".encode())
+
+
+def answer_roll_call(
+    coordinator: str, process_id: int, num_processes: int, timeout_s: float
+) -> None:
+    """Processes 1..N-1: say hello to process 0 and wait until everyone has (or process 0
+    names who is missing)."""
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    me = f"process {process_id} of {num_processes}"
+    last_error = "no answer"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DistributedSetupError(
+                f"{me} could not reach the coordinator {coordinator} within {timeout_s:g} s "
+                f"({last_error}). Is process 0 running, and is the address reachable from here?"
+            )
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(left, 1.0)) as conn:
+                conn.sendall(f"{_HELLO} {process_id} {num_processes}\n".encode())
+                conn.settimeout(max(deadline - time.monotonic(), 0.1) + 5.0)
+                reply = conn.recv(4096).decode(errors="replace").strip()
+        except OSError as e:
+            last_error = e.strerror or str(e) or type(e).__name__
             time.sleep(0.5)
+            continue
+        if reply == "ok":
+            return
+        if reply.startswith("missing "):
+            missing = reply.split()[1:]
+            raise DistributedSetupError(
+                f"{me}: process 0 gave up waiting for process(es) {', '.join(missing)} "
+                f"after {timeout_s:g} s; start the same command on their hosts."
+            )
+        if reply.startswith("error "):
+            raise DistributedSetupError(f"{me}: {reply[len('error ') :]}")
+        last_error = f"unexpected answer {reply[:60]!r}" if reply else "connection closed"
+        time.sleep(0.5)

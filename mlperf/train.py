@@ -30,6 +30,7 @@ from mlperf.loop import PhaseRun, TrainLoop
 from mlperf.mllog import MlLog, keys
 from mlperf.optimizer import PhaseSchedule, build_optimizer, joined_schedule
 from mlperf.peak_flops import peak_for_devices
+from mlperf.preflight import check_hosts, data_fingerprint
 from mlperf.profiling import parse_steps
 from mlperf.reporting import params_fingerprint, summary_paragraph, write_result
 from mlperf.steps import batch_abstract, make_train_step
@@ -43,7 +44,7 @@ from mlperf.train_state import (
     param_count,
     stacked_leaves,
 )
-from mlperf.validate import check_workdir, validate
+from mlperf.validate import check_cache_dir, check_workdir, validate
 from parallel.data_parallel import GradReduction
 from parallel.mesh import build_mesh, mesh_shape
 from parallel.partition import Partitioner
@@ -117,6 +118,8 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     """Validates the config, builds mesh, data (cached) and the sharded state layout."""
     devices = list(jax.devices() if devices is None else devices)
     validate(config, len(devices))
+    if prepare_data:
+        check_cache_dir(config)
     partitioner = build_partitioner(config, devices)
     task = get_task(config)
     phases = task.phases()
@@ -179,6 +182,7 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
 
     trainer = build_trainer(config)
     task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
+    check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
     mll.submission_info(task.benchmark, _platform_name())
     mll.event(keys.SEED, config.seed)
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
