@@ -5,8 +5,8 @@ every other process connects and says who it is, and process 0 starts the jax
 coordination service only once all of them answered. XLA's coordination client aborts
 the whole process (SIGABRT, a C++ trace) when a peer never registers, so the roll call
 is where a missing process becomes one line naming it, on every host, within
-`--init_timeout_s`. After joining, a peer that stops sending heartbeats (or breaks a
-collective) ends every survivor with one line naming it (exit code EXIT_PEER_LOST).
+`--init_timeout_s`. After joining, a peer that dies breaks the next collective; every
+survivor then ends at once with one line naming it (exit code EXIT_PEER_LOST).
 """
 
 from __future__ import annotations
@@ -30,17 +30,12 @@ class DistributedSetupError(RuntimeError):
 class PeerLostError(RuntimeError):
     """Another process of the run died or stopped answering; the message names it."""
 
-    def exit(self, wait_for_heartbeats_s: float = 0.0) -> None:
-        """Ends the process with EXIT_PEER_LOST and one line on stderr.
+    def exit(self) -> None:
+        """Ends the process at once with EXIT_PEER_LOST and one line on stderr.
 
-        A broken collective does not say which process died; the coordinator's
-        missed-heartbeat report does, so wait up to `wait_for_heartbeats_s` for it (its
-        callback prints the line naming the process and exits). os._exit: jax's exit
-        handler would wait for the dead peer at the shutdown barrier, then abort.
+        os._exit: jax's exit handler would wait for the dead process at the shutdown
+        barrier until the heartbeat timeout, then abort with a C++ trace.
         """
-        deadline = time.monotonic() + wait_for_heartbeats_s
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
         print(f"multipod: error: {self}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(EXIT_PEER_LOST)
@@ -54,72 +49,69 @@ class PeerLostError(RuntimeError):
             return None
         text = f"{type(error).__name__}: {error}"
         if not re.search(
-            r"gloo|connection (reset|closed)|heartbeat|task:\d|UNAVAILABLE|coordination service",
+            r"gloo|connection (reset|closed)|heartbeat|UNAVAILABLE|coordination service",
             text,
             re.IGNORECASE,
         ):
             return None
+        dead = _dead_peer(text, process_id, num_processes)
         return cls(
-            f"process {process_id} of {num_processes}: a cross-process collective failed, "
-            f"most likely because {_who(text)} died ({_first_line(text)}); check that "
-            "process's log and host, then rerun the same command to resume."
+            f"process {process_id} of {num_processes}: {dead} died or stopped answering: "
+            "a cross-process collective failed "
+            f"({_first_line(text, 160)}); check that process's log and host, then rerun the "
+            "same command on every host to resume."
         )
+
+
+_ADDRESS_KEY = "multipod/address/{}"
+
+
+def _own_address(coordinator: str) -> str:
+    """This host's IP on the route to the coordinator (what peers' sockets see)."""
+    host, _, port = coordinator.rpartition(":")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port)))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    except OSError:
+        return "?"
+
+
+def _publish_address(coordinator: str, process_id: int) -> None:
+    """Records this process's address in the coordination service's key-value store, so
+    a survivor can name the process behind a broken connection."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is not None:
+        client.key_value_set(_ADDRESS_KEY.format(process_id), _own_address(coordinator))
+
+
+def _dead_peer(text: str, process_id: int, num_processes: int) -> str:
+    """Which process a broken collective points to: the coordinator when its key-value
+    store no longer answers, else the processes at the failed connection's address."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    others = [p for p in range(num_processes) if p != process_id]
+    if client is None:
+        return "another process"
+    addresses = {}
+    try:
+        for p in others:
+            addresses[p] = client.blocking_key_value_get(_ADDRESS_KEY.format(p), 2000)
+    except Exception:  # noqa: BLE001 - the coordination service is gone with process 0
+        return "process 0 (the coordinator)" if process_id != 0 else "another process"
+    match = re.search(r"\[([0-9a-fA-F.:]+)\]:\d+", text)
+    candidates = [p for p, a in addresses.items() if match and a == match.group(1)] or others
+    if len(candidates) == 1:
+        return f"process {candidates[0]}"
+    return "one of processes " + ", ".join(map(str, candidates))
 
 
 def _first_line(text: str, limit: int = 200) -> str:
     line = text.strip().splitlines()[0] if text.strip() else text
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _who(text: str) -> str:
-    tasks = {int(t) for t in re.findall(r"\btask[: ](\d+)", text, re.IGNORECASE)}
-    unhealthy = re.search(r"stopped sending heartbeats\):\s*([\d,\s]+)", text)
-    if unhealthy:
-        tasks |= {int(t) for t in re.findall(r"\d+", unhealthy.group(1))}
-    tasks = sorted(tasks)
-    if tasks:
-        return "process " + ", ".join(str(t) for t in tasks)
-    return "another process"
-
-
-def _on_missed_heartbeat(process_id: int, num_processes: int):
-    """The coordination client's callback: it runs on a client thread, so print the line
-    and end the process at once (the default callback aborts with a C++ trace)."""
-
-    def callback(status, *_args) -> None:
-        text = str(status)
-        who = _who(text)
-        if who == "another process" and process_id != 0:
-            who = "process 0 (the coordinator) or another process"
-        print(
-            f"multipod: error: process {process_id} of {num_processes}: {who} stopped "
-            f"answering the coordinator (missed heartbeats: {_first_line(text)}); check that "
-            "process's log and host, then rerun the same command to resume.",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(EXIT_PEER_LOST)
-
-    return callback
-
-
-@contextlib.contextmanager
-def _heartbeat_callback(process_id: int, num_processes: int):
-    """jax.distributed.initialize does not take a missed-heartbeat callback; hand one to
-    the client it creates."""
-    from jax._src import distributed
-
-    make = distributed._jax.get_distributed_runtime_client
-
-    def with_callback(*args, **kwargs):
-        kwargs["missed_heartbeat_callback"] = _on_missed_heartbeat(process_id, num_processes)
-        return make(*args, **kwargs)
-
-    distributed._jax.get_distributed_runtime_client = with_callback
-    try:
-        yield
-    finally:
-        distributed._jax.get_distributed_runtime_client = make
 
 
 def init_distributed(
@@ -169,14 +161,14 @@ def init_distributed(
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     remaining = max(int(deadline - time.monotonic()), 10)
     try:
-        with _heartbeat_callback(process_id, num_processes):
-            jax.distributed.initialize(
-                coordinator,
-                num_processes=num_processes,
-                process_id=process_id,
-                initialization_timeout=remaining,
-                heartbeat_timeout_seconds=heartbeat_timeout_s,
-            )
+        jax.distributed.initialize(
+            coordinator,
+            num_processes=num_processes,
+            process_id=process_id,
+            initialization_timeout=remaining,
+            heartbeat_timeout_seconds=heartbeat_timeout_s,
+        )
+        _publish_address(coordinator, process_id)
     except Exception as e:  # noqa: BLE001 - re-raised with what to check
         raise DistributedSetupError(
             f"process {process_id} of {num_processes} answered the roll call but could not "

@@ -62,8 +62,8 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     "heartbeat_timeout_s",
     60,
-    "Multi-process runs: a process silent this long is declared dead and every other "
-    "process stops with a line naming it.",
+    "Multi-process runs: jax.distributed declares a process dead after this many seconds "
+    "without a heartbeat (a hung process; a dead one breaks the next collective at once).",
 )
 
 
@@ -94,7 +94,7 @@ def _handle(e: Exception) -> None:
     # A peer's death surfaces as a failed collective (gloo raises ValueError).
     lost = PeerLostError.from_collective_error(e, _PROCESS_ID.value, _NUM_PROCESSES.value)
     if lost is not None:
-        lost.exit(wait_for_heartbeats_s=_HEARTBEAT_TIMEOUT.value + 10)
+        lost.exit()
     if isinstance(e, ValueError):
         _fail(str(e), _WORKDIR.value, keep_traceback=True)
     traceback.print_exception(e)

@@ -13,6 +13,7 @@ import time
 import pytest
 from conftest import REPO, cpu_env, tiny_train_command
 
+from launch.distributed import PeerLostError
 from launch.local import free_port
 from mlperf.preflight import differences
 
@@ -168,3 +169,14 @@ def test_preflight_stops_every_host_when_one_config_differs(tmp_path):
         or not (tmp_path / "w" / "metrics.jsonl").read_text()
     )
     assert os.path.isdir(tmp_path / "w")
+
+
+def test_only_connection_failures_count_as_a_lost_peer():
+    gloo = ValueError(
+        "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] "
+        "Read error [127.0.0.1]:21923: Connection reset by peer"
+    )
+    lost = PeerLostError.from_collective_error(gloo, 0, 2)
+    assert lost is not None and str(lost).startswith("process 0 of 2: another process died")
+    assert PeerLostError.from_collective_error(gloo, 0, 1) is None  # one process: a bug
+    assert PeerLostError.from_collective_error(ValueError("shapes differ"), 0, 2) is None
