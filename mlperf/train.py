@@ -43,6 +43,7 @@ from mlperf.train_state import (
     init_train_state,
     param_count,
     stacked_leaves,
+    stored_state_codec,
 )
 from mlperf.validate import check_cache_dir, check_workdir, validate
 from parallel.data_parallel import GradReduction
@@ -189,6 +190,8 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     mll.hyperparameters(task.mllog_hparams(), getattr(task, "mllog_metadata", dict)())
 
     checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
+    if checkpointer is not None:  # flat update views are stored in parameter shapes
+        checkpointer.codec = stored_state_codec(trainer.layout, trainer.tx, partitioner)
     restored = None
     if resuming:
         # Before compiling: another model's checkpoint is an error right away.
