@@ -156,7 +156,8 @@ def launch(command: list[str], processes: int, devices: int, grace_s: float = 10
             codes = [p.poll() for p in procs]
             failed = [(i, c) for i, c in enumerate(codes) if c is not None and c not in _ORDERLY]
             if failed:
-                index, code = failed[0]
+                # The process that crashed, not a survivor that stopped because of it.
+                index, code = min(failed, key=lambda f: (f[1] == EXIT_PEER_LOST, f[0]))
                 _stop_all(procs, grace_s)
                 print(
                     f"launch.local: {describe_exit(index, code)}; stopped the others.",
