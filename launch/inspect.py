@@ -44,14 +44,6 @@ def _oom(message: str) -> dict[str, int] | None:
     return {}
 
 
-def _eval_spec(task, phase) -> dict:
-    """Per-example spec of an eval batch: the task's own, or the train spec plus `mask`."""
-    custom = getattr(task, "eval_example_spec", None)
-    if custom is not None:
-        return custom()
-    return {**task.example_spec(phase), "mask": ((), "float32")}
-
-
 def _compile(lowered_fn) -> tuple[Any, Any, float, float, str | None]:
     """(lowered or None, compiled or None, lowering seconds, compile seconds, error or None).
 
@@ -258,7 +250,7 @@ def inspect_config(
     if train.get("flops_per_device") is not None:
         report["flops_per_step"] = train["flops_per_device"] * len(devices)
     if eval_step:
-        spec = _eval_spec(trainer.task, trainer.phases[-1])
+        spec = trainer.task.eval_example_spec(trainer.phases[-1])
         abstract = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
         fn = eval_program(
             trainer.task, trainer.layout, trainer.partitioner, state["params"], abstract

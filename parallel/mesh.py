@@ -46,6 +46,37 @@ def resolve_shape(
     return shape
 
 
+def resolve_mesh_shape(
+    ici_shape: Sequence[int],
+    dcn_shape: Sequence[int] | None,
+    num_devices: int,
+    num_slices: int | None = None,
+    prefix: str = "",
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ICI shape, DCN shape) with their -1 entries filled for `num_devices` devices.
+
+    `num_slices` is the devices' slice count; None (a config checked before any device
+    is seen) takes it from dcn_shape, a -1 there counting as one slice. `prefix` names
+    the config block in error messages (e.g. "mesh.").
+    """
+    dcn = tuple(dcn_shape) if dcn_shape is not None else (1,) * len(ici_shape)
+    if len(dcn) != len(ici_shape):
+        raise MeshShapeError(
+            f"{prefix}ici_shape={tuple(ici_shape)} and {prefix}dcn_shape={dcn} need one "
+            "size per mesh axis each."
+        )
+    if num_slices is None:
+        num_slices = math.prod(d for d in dcn if d != -1) or 1
+    dcn = resolve_shape(dcn, num_slices, f"{prefix}dcn_shape")
+    slices = math.prod(dcn)
+    if num_devices % slices:
+        raise MeshShapeError(
+            f"{prefix}dcn_shape={dcn} needs {slices} slices but {num_devices} devices do "
+            "not split into that many equal slices."
+        )
+    return resolve_shape(ici_shape, num_devices // slices, f"{prefix}ici_shape"), dcn
+
+
 def build_mesh(
     axes: Sequence[str],
     ici_shape: Sequence[int],
@@ -66,10 +97,8 @@ def build_mesh(
             f"mesh axes {axes} need one size each: got ici_shape={tuple(ici_shape)}, "
             f"dcn_shape={dcn}."
         )
-    num_slices = math.prod(resolve_shape(dcn, _count_slices(devices), "dcn_shape"))
-    per_slice = len(devices) // num_slices
-    ici = resolve_shape(ici_shape, per_slice, "ici_shape")
-    dcn = resolve_shape(dcn, num_slices, "dcn_shape")
+    ici, dcn = resolve_mesh_shape(ici_shape, dcn, len(devices), _count_slices(devices))
+    num_slices = math.prod(dcn)
     if num_slices > 1:
         device_array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
     elif devices[0].platform == "tpu":

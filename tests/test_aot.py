@@ -140,7 +140,6 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     hosts): inspect must compile the detections the evaluator runs with them, not an
     empty program."""
     from configs.maskrcnn import get_config as maskrcnn_config
-    from launch.inspect import _eval_spec
     from mlperf.evaluate import eval_program
     from mlperf.steps import batch_abstract
     from parallel.aot import compiled_stats
@@ -149,7 +148,7 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     config.model.num_classes = 3  # no data prepared
     trainer = build_trainer(config, devices=devices, prepare_data=False)
     params = trainer.layout.abstract_train_state["params"]
-    spec = _eval_spec(trainer.task, trainer.phases[-1])
+    spec = trainer.task.eval_example_spec(trainer.phases[-1])
     batch = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
     step = eval_program(trainer.task, trainer.layout, trainer.partitioner, params, batch)
     lowered = step.lower(params, batch)

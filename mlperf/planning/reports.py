@@ -142,7 +142,7 @@ def honesty_rows(proxy: str = "", seed: bool = True) -> list[dict[str, Any]]:
     over smaller groups, so only their latency terms differ (a ring's bandwidth term
     2(g-1)/g n barely changes between g = 8 and g = 2048).
     """
-    from launch.plan import candidates, evaluate
+    from mlperf.planning.search import candidates, evaluate
     from parallel.topology import get_topology, topology_for_chips
 
     rows = []
