@@ -30,7 +30,7 @@ test: $(STAMP)
 # SIGTERM on every process of a 2x4 run), BERT end-to-end + compliance and the 24-layer BERT-large
 # compile for the 4096-chip v3:64x64 multipod (CI runs these).
 test-system: $(STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_checkpoint.py tests/test_end_to_end.py tests/test_aot_multipod.py
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_end_to_end.py tests/test_aot_multipod.py
 
 # Every slow test: the above plus every model's tiny run to its target, spatial-partitioning
 # equivalences and multi-process evals of the other models (not timed on an idle machine;

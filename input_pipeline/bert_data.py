@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from input_pipeline import bert_tfds, grain_pipeline, pretraining_examples, stdlib_corpus, tokenizer
+from input_pipeline import (
+    bert_tfds,
+    documents,
+    grain_pipeline,
+    pretraining_examples,
+    stdlib_corpus,
+    tokenizer,
+)
 from input_pipeline.file_lock import file_lock
 
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
@@ -109,13 +116,14 @@ def _train_files(data_cfg, cache_dir: str) -> tuple[str, ...]:
                 f"training corpus file not found: {path!r} (config key data.train_files; "
                 "relative paths are resolved against data.data_dir)"
             )
+        documents.check_utf8(path, "data.train_files")
     return files
 
 
 def _vocab_file(data_cfg, train_files: tuple[str, ...], cache_dir: str) -> str:
     if data_cfg.vocab_file:
         path = _resolve(data_cfg.vocab_file, data_cfg.data_dir)
-        tokenizer.load_wordpiece(path)  # raises FileNotFoundError naming data.vocab_file
+        tokenizer.check_vocab_file(path)  # names data.vocab_file and what it lacks
         return path
     key = _files_key(train_files, vocab_size=data_cfg.vocab_size, lowercase=data_cfg.lowercase)
     path = os.path.join(cache_dir, "vocab", f"wordpiece_{key}.txt")
@@ -144,7 +152,8 @@ def build_bert_data(
     short_seq_prob, seed, eval_fraction, max_eval_examples).
     """
     cache_dir = os.path.abspath(os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR))
-    train_files = _train_files(data_cfg, cache_dir)
+    if data_cfg.vocab_file:  # a bad vocab fails before the corpus is written
+        tokenizer.check_vocab_file(_resolve(data_cfg.vocab_file, data_cfg.data_dir))
     eval_files = tuple(_resolve(p, data_cfg.data_dir) for p in (data_cfg.eval_files or ()))
     for path in eval_files:
         if not os.path.isfile(path):
@@ -152,6 +161,8 @@ def build_bert_data(
                 f"eval corpus file not found: {path!r} (config key data.eval_files; "
                 "relative paths are resolved against data.data_dir)"
             )
+        documents.check_utf8(path, "data.eval_files")
+    train_files = _train_files(data_cfg, cache_dir)
     vocab_file = _vocab_file(data_cfg, train_files, cache_dir)
     params = bert_tfds.BertExamplesParams(
         train_files=train_files,

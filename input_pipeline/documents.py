@@ -24,6 +24,34 @@ _WIKI_HEADING = re.compile(r"^ (= )+.*( =)+ $")
 _WIKI_SENTENCE_END = re.compile(r"(?<= [.!?]) (?=\S)")
 
 
+def check_utf8(path: str, config_key: str, chunk_bytes: int = 1 << 20) -> None:
+    """Raises ValueError naming the file, line and byte offset of the first bytes that are
+    not UTF-8 (the tokenizer would fail on them without naming the file)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line = 0, 1
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_bytes)
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                # e.start counts from the decoder's buffered tail plus this chunk; the
+                # tail is at most 3 bytes, so find the bad byte within the chunk itself.
+                bad = max(e.start - len(e.object) + len(chunk), 0)
+                line += chunk[:bad].count(b"\n")
+                raise ValueError(
+                    f"corpus file {path!r} (config key {config_key}) is not UTF-8: byte "
+                    f"{offset + bad} (line {line}) is {chunk[bad : bad + 1]!r}; convert it, "
+                    "e.g. iconv -f latin1 -t utf-8."
+                ) from None
+            if not chunk:
+                return
+            offset += len(chunk)
+            line += chunk.count(b"\n")
+
+
 def _read_lines(path: str, config_key: str) -> list[str]:
     if not os.path.isfile(path):
         raise FileNotFoundError(

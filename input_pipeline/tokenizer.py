@@ -29,6 +29,24 @@ def _check_vocab_file(vocab_file: str) -> None:
         )
 
 
+def check_vocab_file(vocab_file: str, config_key: str = "data.vocab_file") -> None:
+    """The vocab exists, is UTF-8 and holds every special token BERT needs."""
+    _check_vocab_file(vocab_file)
+    try:
+        with open(vocab_file, encoding="utf-8") as f:
+            tokens = {line.rstrip("\n") for line in f}
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"vocab file {vocab_file!r} (config key {config_key}) is not UTF-8."
+        ) from None
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+    if missing:
+        raise ValueError(
+            f"vocab file {vocab_file!r} (config key {config_key}) lacks the special "
+            f"token(s) {' '.join(missing)}; BERT needs {' '.join(SPECIAL_TOKENS)}, one per line."
+        )
+
+
 def load_wordpiece(vocab_file: str, lowercase: bool = True) -> BertWordPieceTokenizer:
     """Loads a BERT WordPiece tokenizer; encode with add_special_tokens=False.
 

@@ -21,7 +21,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import apply_mesh_override, relax_cpu_collective_timeouts
+from launch.cli import apply_mesh_override, parse_flags, relax_cpu_collective_timeouts
 from mlperf.peak_flops import measure_matmul_peak
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
@@ -197,4 +197,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

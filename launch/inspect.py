@@ -19,7 +19,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import apply_mesh_override, relax_cpu_collective_timeouts
+from launch.cli import apply_mesh_override, parse_flags, relax_cpu_collective_timeouts
 from mlperf.inspection import inspect_config, table
 
 relax_cpu_collective_timeouts()  # before jax starts its backend (nothing above imports it)
@@ -81,4 +81,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _FLAGS.update(_define_flags())
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -6,8 +6,11 @@
 Every process gets the same command plus its coordinates through the environment
 (MULTIPOD_COORDINATOR on a free 127.0.0.1 port, MULTIPOD_NUM_PROCESSES,
 MULTIPOD_PROCESS_ID) and `--xla_force_host_platform_device_count=M`. Output lines are
-prefixed with the process index. If one process fails, the others are stopped and the
-launcher exits non-zero naming it; Ctrl-C stops all of them.
+prefixed with the process index. If one process crashes (a signal, or an exit code other
+than launch.train's "target reached", "target not reached" or "preempted"), the others
+are stopped and the launcher says which process crashed and how, exiting with its code
+(128 + N for signal N). A run that ends without reaching its target on every process is
+reported as such (exit 1). Ctrl-C stops all of them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,19 @@ import time
 
 from absl import app, flags
 
-from launch.cli import relax_cpu_collective_timeouts
+from launch.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_CRASH,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    EXIT_TARGET_NOT_REACHED,
+    EXIT_TARGET_REACHED,
+    relax_cpu_collective_timeouts,
+)
+
+# Exit codes with which a process ends the run in an orderly way: the others are left to
+# end by themselves (they reach the same decision within moments).
+_ORDERLY = (EXIT_TARGET_REACHED, EXIT_TARGET_NOT_REACHED, EXIT_PREEMPTED)
 
 _PROCESSES = flags.DEFINE_integer("processes", 2, "Number of processes.", lower_bound=1)
 _DEVICES = flags.DEFINE_integer(
@@ -82,11 +97,48 @@ def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
+def describe_exit(index: int, code: int) -> str:
+    """What a process's exit code means (launch.train's codes, launch/cli.py)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"process {index} crashed: killed by {name}"
+    meaning = {
+        EXIT_BAD_INPUT: "stopped on bad input or cluster setup; its error line is above",
+        EXIT_PEER_LOST: "stopped because another process died or never joined",
+        EXIT_CRASH: "crashed with an unexpected error; its traceback is above",
+    }.get(code, "crashed")
+    return f"process {index} exited with code {code} ({meaning})"
+
+
+def _orderly_end(codes: list[int]) -> int:
+    if all(c == EXIT_TARGET_REACHED for c in codes):
+        return EXIT_TARGET_REACHED
+    if EXIT_PREEMPTED in codes:
+        print(
+            "launch.local: the run was preempted (checkpoint written); run the same "
+            "command again to continue.",
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_PREEMPTED
+    print(
+        "launch.local: the run ended without reaching its target (no process crashed; "
+        "see result.json).",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_TARGET_NOT_REACHED
+
+
 def launch(command: list[str], processes: int, devices: int, grace_s: float = 10.0) -> int:
     """Runs `command` as `processes` joined processes; returns the launcher's exit code."""
     coordinator = f"127.0.0.1:{free_port()}"
     lock = threading.Lock()
     procs, pumps = [], []
+    orderly_since = None
     for i in range(processes):
         proc = subprocess.Popen(
             command,
@@ -102,18 +154,31 @@ def launch(command: list[str], processes: int, devices: int, grace_s: float = 10
     try:
         while True:
             codes = [p.poll() for p in procs]
-            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            failed = [(i, c) for i, c in enumerate(codes) if c is not None and c not in _ORDERLY]
             if failed:
-                index, code = failed[0]
+                # The process that crashed, not a survivor that stopped because of it.
+                index, code = min(failed, key=lambda f: (f[1] == EXIT_PEER_LOST, f[0]))
                 _stop_all(procs, grace_s)
                 print(
-                    f"launch.local: process {index} exited with code {code}; stopped the others.",
+                    f"launch.local: {describe_exit(index, code)}; stopped the others.",
                     file=sys.stderr,
                     flush=True,
                 )
-                return code if code > 0 else 1
-            if all(c == 0 for c in codes):
-                return 0
+                return code if code > 0 else 128 - code
+            if all(c is not None for c in codes):
+                return _orderly_end(codes)
+            if any(c is not None for c in codes) and orderly_since is None:
+                orderly_since = time.time()
+            if orderly_since is not None and time.time() - orderly_since > max(grace_s, 30.0):
+                done = [i for i, c in enumerate(codes) if c is not None]
+                _stop_all(procs, grace_s)
+                print(
+                    f"launch.local: process(es) {', '.join(map(str, done))} finished but the "
+                    "others did not within 30 s; stopped them.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return EXIT_CRASH
             time.sleep(0.2)
     except KeyboardInterrupt:
         print("launch.local: interrupted; stopping all processes.", file=sys.stderr, flush=True)

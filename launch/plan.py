@@ -25,7 +25,7 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import relax_cpu_collective_timeouts
+from launch.cli import parse_flags, relax_cpu_collective_timeouts, usage_error
 
 relax_cpu_collective_timeouts()
 
@@ -74,6 +74,10 @@ def main(argv: list[str]) -> None:
     if config is None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07 (or --honesty).")
     if f["cluster"]:
+        from parallel.hardware import CLUSTERS
+
+        if f["cluster"] not in CLUSTERS:
+            usage_error(f"--cluster {f['cluster']!r} is unknown; use one of {', '.join(CLUSTERS)}.")
         rows = plan_reports.cluster_scaling(config, f["cluster"], f["bpd"], f["micro"])
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.cluster_table(rows))
         return
@@ -100,4 +104,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _FLAGS.update(_define_flags())
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -5,6 +5,11 @@ command on every host) joins `jax.distributed` first: on Cloud TPU VM pods with
 `--tpu_pod`, on CPU with `--coordinator 127.0.0.1:PORT --num_processes N --process_id I`
 (or MULTIPOD_COORDINATOR / MULTIPOD_NUM_PROCESSES / MULTIPOD_PROCESS_ID, which
 `launch.local` sets).
+
+Exit codes (launch/cli.py, docs/multi-host.md): 0 target reached, 1 the run ended
+without reaching its target, 2 bad input (one line, nothing trained), 4 another process
+of the run died or never joined, 70 an unexpected error (traceback printed), 143
+preempted (checkpoint written; run the same command again).
 """
 
 from __future__ import annotations
@@ -16,12 +21,19 @@ import traceback
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import relax_cpu_collective_timeouts
-from launch.distributed import DistributedSetupError, init_distributed
+from launch.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_CRASH,
+    EXIT_PREEMPTED,
+    EXIT_TARGET_NOT_REACHED,
+    parse_flags,
+    relax_cpu_collective_timeouts,
+)
+from launch.distributed import DistributedSetupError, PeerLostError, init_distributed
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as if the signal had ended the process
+PREEMPTED_EXIT_CODE = EXIT_PREEMPTED
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True
@@ -47,22 +59,47 @@ _PROFILE_STEPS = flags.DEFINE_string(
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "init_timeout_s", 300, "Seconds to wait for every process to join before failing."
 )
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_s",
+    60,
+    "Multi-process runs: jax.distributed declares a process dead after this many seconds "
+    "without a heartbeat (a hung process; a dead one breaks the next collective at once).",
+)
 
 
-def _fail(message: str, workdir: str | None) -> None:
-    where = "set MULTIPOD_DEBUG=1 to raise it"
-    if workdir:
+def _fail(message: str, workdir: str | None, keep_traceback: bool) -> None:
+    where = ""
+    if workdir and keep_traceback:
         # Keep the traceback for bugs that surface as ValueError, without burying the message.
         path = os.path.join(workdir, "error.txt")
         try:
             os.makedirs(workdir, exist_ok=True)
             with open(path, "w") as f:
                 f.write(traceback.format_exc())
-            where = f"traceback in {path}; {where}"
+            where = f" (traceback in {path}; set MULTIPOD_DEBUG=1 to raise it)"
         except OSError:  # the error may be that the workdir cannot be written
             pass
-    print(f"multipod: error: {message}\n({where})", file=sys.stderr)
-    raise SystemExit(2)
+    print(f"multipod: error: {message}{where}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _handle(e: Exception) -> None:
+    """Ends the process for an exception out of init or training (never returns)."""
+    from mlperf.validate import ConfigError
+
+    if os.environ.get("MULTIPOD_DEBUG"):
+        raise e
+    if isinstance(e, (ConfigError, FileNotFoundError, DistributedSetupError)):
+        _fail(str(e), _WORKDIR.value, keep_traceback=False)  # bad input: one clear line
+    # A peer's death surfaces as a failed collective (gloo raises ValueError).
+    lost = PeerLostError.from_collective_error(e, _PROCESS_ID.value, _NUM_PROCESSES.value)
+    if lost is not None:
+        lost.exit()
+    if isinstance(e, ValueError):
+        _fail(str(e), _WORKDIR.value, keep_traceback=True)
+    traceback.print_exception(e)
+    print(f"multipod: unexpected error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_CRASH)
 
 
 def main(argv: list[str]) -> None:
@@ -75,20 +112,20 @@ def main(argv: list[str]) -> None:
             _PROCESS_ID.value,
             _TPU_POD.value,
             _INIT_TIMEOUT.value,
+            _HEARTBEAT_TIMEOUT.value,
         )
         from mlperf.train import run
 
         result = run(_CONFIG.value, _WORKDIR.value, profile_steps=_PROFILE_STEPS.value)
-    except (ValueError, FileNotFoundError, DistributedSetupError) as e:
-        # Bad input (config values, data files, cluster coordinates): one clear line.
-        if os.environ.get("MULTIPOD_DEBUG"):
-            raise
-        _fail(str(e), _WORKDIR.value)
+    except PeerLostError as e:
+        e.exit()
+    except Exception as e:  # noqa: BLE001 - sorted below: peer lost, bad input, or a bug
+        _handle(e)
     if result["status"] == "preempted":
-        raise SystemExit(PREEMPTED_EXIT_CODE)  # checkpoint written: run the command again
+        raise SystemExit(EXIT_PREEMPTED)  # checkpoint written: run the command again
     if not result["reached_target"] or result["status"] != "success":
-        raise SystemExit(1)
+        raise SystemExit(EXIT_TARGET_NOT_REACHED)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

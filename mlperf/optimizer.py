@@ -100,6 +100,9 @@ def scale_by_layer_trust_ratio(stacked: Any) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda _: optax.ScaleByTrustRatioState(), update_fn)
 
 
+OPTIMIZERS = ("lamb", "adamw", "adam", "sgd", "lars")
+
+
 def build_optimizer(
     opt_cfg, schedule: optax.Schedule, stacked: Any = None
 ) -> optax.GradientTransformation:
@@ -137,6 +140,6 @@ def build_optimizer(
             schedule, weight_decay=opt_cfg.weight_decay, momentum=opt_cfg.get("momentum", 0.9)
         )
     else:
-        raise ValueError(f"optimizer.name={name!r} is unknown; use lamb, adamw, adam, sgd or lars.")
+        raise ValueError(f"optimizer.name={name!r} is unknown; use one of {', '.join(OPTIMIZERS)}.")
     clip = opt_cfg.get("grad_clip_norm", 0.0)
     return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx

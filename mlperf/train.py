@@ -30,6 +30,7 @@ from mlperf.loop import PhaseRun, TrainLoop
 from mlperf.mllog import MlLog, keys
 from mlperf.optimizer import build_optimizer
 from mlperf.peak_flops import peak_for_devices
+from mlperf.preflight import check_hosts, data_fingerprint
 from mlperf.profiling import parse_steps
 from mlperf.reporting import params_fingerprint, summary_paragraph, write_result
 from mlperf.steps import batch_abstract, make_train_step
@@ -43,9 +44,10 @@ from mlperf.train_state import (
     param_count,
     pretrained_params,
     stacked_leaves,
+    stored_state_codec,
     with_params,
 )
-from mlperf.validate import check_workdir, validate
+from mlperf.validate import check_cache_dir, check_workdir, validate
 from parallel.data_parallel import GradReduction
 from parallel.mesh import build_mesh, mesh_shape
 from parallel.partition import Partitioner
@@ -123,6 +125,8 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     """Validates the config, builds mesh, data (cached) and the sharded state layout."""
     devices = list(jax.devices() if devices is None else devices)
     validate(config, len(devices))
+    if prepare_data:
+        check_cache_dir(config)
     partitioner = build_partitioner(config, devices)
     task = get_task(config)
     phases = task.phases()
@@ -160,12 +164,15 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
 
     trainer = build_trainer(config)
     task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
+    check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
     mll.submission_info(task.benchmark, _platform_name())
     mll.event(keys.SEED, config.seed)
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
     mll.hyperparameters(task.mllog_hparams(), task.mllog_metadata())
 
     checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
+    if checkpointer is not None:  # flat update views are stored in parameter shapes
+        checkpointer.codec = stored_state_codec(trainer.layout, trainer.tx, partitioner)
     restored = None
     if resuming:
         # Before compiling: another model's checkpoint is an error right away.

@@ -23,7 +23,7 @@ from mlperf.layers.linear import FrozenParam
 from mlperf.task import Task
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.rules import STACK_AXIS
-from parallel.weight_update import layout_specs, to_views, view_shapes
+from parallel.weight_update import count_flat, layout_specs, to_views, view_shapes
 
 PyTree = Any
 
@@ -228,3 +228,65 @@ def with_params(state: PyTree, loaded: PyTree, layout: StateLayout) -> PyTree:
         return {k: place(new[k], old[k], target[k]) if k in new else old[k] for k in old}
 
     return {**state, "params": place(loaded, state["params"], abstract)}
+
+
+class StoredStateCodec:
+    """Checkpoints hold every optimizer leaf in its parameter's own shape.
+
+    A flat weight-update view ([*shards, padded], parallel/weight_update.py) has a shape
+    that depends on the data-axis size, so a checkpoint of views could only be restored
+    onto the same data size. `encode` turns the views back into parameter shapes before
+    a save and `decode` makes the views of the restoring mesh after a restore: a
+    checkpoint written at data=8 resumes at data=4 or 16. The conversion is a reshape
+    and a zero pad or cut (the padding is zero), so the values are exact.
+    """
+
+    def __init__(self, layout: StateLayout, tx: optax.GradientTransformation, partitioner):
+        layouts = layout.update_layouts
+        abstract = layout.abstract_train_state
+        param_shardings = layout.state_shardings["params"]
+
+        def tree_map_opt(fn, opt_state, *rest):
+            return optax.tree_map_params(
+                tx,
+                fn,
+                opt_state,
+                *rest,
+                transform_non_params=lambda x: x,
+                is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
+            )
+
+        stored_opt = tree_map_opt(
+            lambda view, lay, sh: jax.ShapeDtypeStruct(lay.shape, view.dtype, sharding=sh),
+            abstract["opt_state"],
+            layouts,
+            param_shardings,
+        )
+        self.abstract = {**abstract, "opt_state": stored_opt}
+        stored_shardings = jax.tree.map(lambda s: s.sharding, stored_opt)
+        self._encode = partitioner.jit(
+            lambda opt: tree_map_opt(lambda v, lay: lay.from_view(v), opt, layouts),
+            out_shardings=stored_shardings,
+        )
+        self._decode = partitioner.jit(
+            lambda opt: tree_map_opt(lambda v, lay: lay.to_view(v), opt, layouts),
+            out_shardings=layout.state_shardings["opt_state"],
+        )
+
+    def encode(self, state: PyTree) -> PyTree:
+        """The train state with its optimizer leaves in parameter shapes (for saving)."""
+        return {**state, "opt_state": self._encode(state["opt_state"])}
+
+    def decode(self, stored: PyTree) -> PyTree:
+        """A restored stored state in this mesh's update views."""
+        return {**stored, "opt_state": self._decode(stored["opt_state"])}
+
+
+def stored_state_codec(
+    layout: StateLayout, tx: optax.GradientTransformation, partitioner
+) -> StoredStateCodec | None:
+    """The codec when some leaf uses a flat view; None when every optimizer leaf already
+    has its parameter's shape (the stored form is then the state itself)."""
+    if not count_flat(layout.update_layouts):
+        return None
+    return StoredStateCodec(layout, tx, partitioner)

@@ -8,7 +8,11 @@ from __future__ import annotations
 import os
 import shutil
 
+from mlperf.optimizer import OPTIMIZERS
+from parallel.data_parallel import GRAD_ALLREDUCE_ALGORITHMS
 from parallel.mesh import MeshShapeError, resolve_mesh_shape
+
+DEFAULT_CACHE_DIR = "~/.cache/multipod"
 
 
 class ConfigError(ValueError):
@@ -47,7 +51,9 @@ def validate(config, num_devices: int) -> dict[str, int]:
         if config.phase2.start_samples <= 0 or config.phase2.steps <= 0:
             raise ConfigError("phase2.enabled needs phase2.start_samples > 0 and phase2.steps > 0.")
     for name, gbs, micro in batches:
-        if gbs <= 0 or gbs % (data * micro):
+        if gbs <= 0:
+            raise ConfigError(f"{name}={gbs} must be > 0; use a multiple of {data * micro}.")
+        if gbs % (data * micro):
             raise ConfigError(
                 f"{name}={gbs} is not divisible by data-axis size {data} x "
                 f"train.microbatches {micro} = {data * micro}; use a multiple of {data * micro}."
@@ -68,7 +74,49 @@ def validate(config, num_devices: int) -> dict[str, int]:
             f"precision.param_dtype={config.precision.param_dtype!r}: master "
             "parameters and optimizer state are kept in float32; use float32."
         )
+    check_names(config)
     return sizes
+
+
+def check_names(config) -> None:
+    """Names that are looked up only after the data is built (optimizer, all-reduce)."""
+    opt = config.get("optimizer")
+    if opt is not None and opt.get("name") not in OPTIMIZERS:
+        raise ConfigError(
+            f"optimizer.name={opt.get('name')!r} is unknown; use one of {', '.join(OPTIMIZERS)}."
+        )
+    algorithm = config.get("parallel", {}).get("grad_allreduce", "xla")
+    if algorithm not in GRAD_ALLREDUCE_ALGORITHMS:
+        raise ConfigError(
+            f"parallel.grad_allreduce={algorithm!r} is unknown; use one of "
+            f"{', '.join(GRAD_ALLREDUCE_ALGORITHMS)}."
+        )
+
+
+def check_cache_dir(config) -> None:
+    """data.cache_dir (or its default) must be creatable and writable: the data cache,
+    its trained vocab and its build locks live there."""
+    data = config.get("data")
+    if data is None or "cache_dir" not in data:
+        return
+    path = os.path.abspath(os.path.expanduser(data.cache_dir or DEFAULT_CACHE_DIR))
+    try:
+        _probe_write(path)
+    except OSError as e:
+        raise ConfigError(
+            f"data.cache_dir {path!r} is not writable ({e.strerror or e}); set "
+            "--config.data.cache_dir to a directory you can write to."
+        ) from None
+
+
+def _probe_write(path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    probe = os.path.join(path, f".write_probe_{os.getpid()}")
+    with open(probe, "wb") as f:
+        f.write(b"\0" * 4096)
+        f.flush()
+        os.fsync(f.fileno())
+    os.remove(probe)
 
 
 def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: int = 64) -> None:
@@ -78,13 +126,7 @@ def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: 
         if not path:
             continue
         try:
-            os.makedirs(path, exist_ok=True)
-            probe = os.path.join(path, f".write_probe_{os.getpid()}")
-            with open(probe, "wb") as f:
-                f.write(b"\0" * 4096)
-                f.flush()
-                os.fsync(f.fileno())
-            os.remove(probe)
+            _probe_write(path)
         except OSError as e:
             raise ConfigError(
                 f"{name} {path!r} is not writable ({e.strerror or e}); choose a directory "

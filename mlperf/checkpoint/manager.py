@@ -131,6 +131,8 @@ class Checkpointer:
     ):
         self.cfg = cfg
         self.best_metric = best_metric
+        # mlperf.train_state.StoredStateCodec: optimizer leaves stored in parameter shapes.
+        self.codec = None
         policies: list[pp.PreservationPolicy] = [pp.LatestN(n=max(cfg.keep, 1))]
         if cfg.keep_best > 0:
             policies.append(
@@ -185,6 +187,8 @@ class Checkpointer:
         # is a zero-copy view of its device buffer: while such a view exists JAX does not
         # donate the buffer to the next train step (it copies instead), so the files hold
         # the state at save time (tests/test_checkpoint_async.py checks this).
+        if self.codec is not None:
+            state = self.codec.encode(state)
         meta = {**meta, "shapes": leaf_shapes(state), "process_count": jax.process_count()}
         meta = json.loads(json.dumps(meta, default=_plain))  # numpy values -> JSON
         best = None
@@ -226,10 +230,13 @@ class Checkpointer:
             "meta"
         ]
         # Before reading any array: another model's checkpoint is an error, not a fallback.
-        check_compatible(meta["shapes"], leaf_shapes(abstract_state), path)
+        stored = abstract_state if self.codec is None else self.codec.abstract
+        check_compatible(meta["shapes"], leaf_shapes(stored), path)
         state = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state))
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(stored))
         )["state"]
+        if self.codec is not None:
+            state = self.codec.decode(state)
         # Wait for every shard now, so a file cut short shows up here and not mid-training.
         state = jax.block_until_ready(state)
         iterator_state = None
