@@ -40,6 +40,7 @@ from mlperf.train_state import (
     abstract_model,
     build_state_layout,
     init_train_state,
+    load_params,
     param_count,
     stacked_leaves,
 )
@@ -61,6 +62,16 @@ class Trainer:
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     layout: StateLayout
+    _pretrained: Any = dataclasses.field(default=None, init=False, repr=False)
+
+    def pretrained(self):
+        """The task's pretrained checkpoint (`init.checkpoint`), checked against the model
+        (names, shapes) without reading its tensors; None when training from scratch."""
+        if self._pretrained is None:
+            hook = getattr(self.task, "pretrained", None)
+            params = self.layout.abstract_train_state["params"]
+            self._pretrained = (hook(params) if hook else None) or False
+        return self._pretrained or None
 
     def jitted_train_step(self):
         """The train step, jitted with state/batch shardings and state donation."""
@@ -97,9 +108,14 @@ class Trainer:
         return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
 
     def init_state(self):
-        return init_train_state(
+        """The sharded initial state: random, then the pretrained parameters if any."""
+        state = init_train_state(
             self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
         )
+        pretrained = self.pretrained()
+        if pretrained is not None:
+            state = load_params(state, pretrained.read(), self.tx, self.layout, self.partitioner)
+        return state
 
 
 def build_partitioner(config, devices=None) -> Partitioner:
@@ -179,6 +195,8 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
 
     trainer = build_trainer(config)
     task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
+    # A pretrained checkpoint that does not fit the model fails here, before compiling.
+    pretrained = None if resuming else trainer.pretrained()
     mll.submission_info(task.benchmark, _platform_name())
     mll.event(keys.SEED, config.seed)
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
@@ -197,6 +215,8 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     else:
         state = trainer.init_state()
         key = partitioner.replicate(lambda: jax.random.key(config.seed))
+        if pretrained is not None:
+            print(f"initialised from {pretrained.describe()}", flush=True)
 
     # Data iterators and compiled steps for every phase, all before run_start.
     phase_runs = []
@@ -238,6 +258,7 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
         restored.meta if restored is not None else None,
         peak_flops_per_s=peak.flops_per_s,
         profile_steps=profile_steps,
+        initial_eval=pretrained is not None,
     )
     if restored is not None:
         loop.last_saved = restored.path

@@ -11,6 +11,7 @@ from flax import nnx
 
 from input_pipeline.bert_data import BertData, build_bert_data
 from input_pipeline.pretraining_examples import feature_spec
+from mlperf.bert.checkpoint_import import PretrainedBert, check_config, open_source
 from mlperf.bert.model import BertConfig, BertForPreTraining
 from mlperf.mllog import keys
 from mlperf.task import Phase
@@ -52,6 +53,9 @@ class BertTask:
 
     def prepare(self, shard_index: int, shard_count: int) -> None:
         """Builds (or loads the cached) data for every phase before anything compiles."""
+        if self._init_checkpoint():  # a checkpoint of another model fails before the data
+            source = open_source(self._init_checkpoint())
+            check_config(source.config_path, self.model_config(), source.format.startswith("TF1"))
         for phase in self.phases():
             self._bert_data(
                 phase.data["seq_length"], phase.data["max_predictions"], shard_index, shard_count
@@ -119,8 +123,11 @@ class BertTask:
         vocab = self._vocab_size or m.vocab_size or self.config.data.vocab_size
         # A config may pad the table (30522 -> 30528) so the vocab splits over `model`.
         vocab = max(vocab, m.vocab_size)
+        # Rows past the tokenizer's vocabulary are padding: never predicted.
+        real = min(self._vocab_size or self.config.data.vocab_size or vocab, vocab)
         return BertConfig(
             vocab_size=vocab,
+            valid_vocab_size=real if real < vocab else 0,
             hidden_size=m.hidden_size,
             num_layers=m.num_layers,
             num_heads=m.num_heads,
@@ -132,6 +139,7 @@ class BertTask:
             scan_layers=bool(m.get("scan_layers", False)),
             scan_unroll=int(m.get("scan_unroll", 1)),
             remat=bool(m.get("remat", False)),
+            gelu_approximate=bool(m.get("gelu_approximate", False)),
             compute_dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
             ).compute_dtype,
@@ -139,6 +147,15 @@ class BertTask:
 
     def build_model(self, rngs: nnx.Rngs) -> BertForPreTraining:
         return BertForPreTraining(self.model_config(), rngs=rngs)
+
+    def _init_checkpoint(self) -> str:
+        init = self.config.get("init")
+        return init.get("checkpoint", "") if init is not None else ""
+
+    def pretrained(self, param_shapes) -> PretrainedBert | None:
+        """`init.checkpoint` (TF1 or Hugging Face), checked against the model config."""
+        path = self._init_checkpoint()
+        return PretrainedBert(path, self.model_config(), param_shapes) if path else None
 
     # ---- loss and eval -------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:
