@@ -107,7 +107,10 @@ def resolve_prefix(path: str) -> str:
             with open(state) as f:
                 m = re.search(r'^model_checkpoint_path:\s*"(.*)"', f.read(), re.M)
             if m:
-                return os.path.join(path, m.group(1))
+                prefix = os.path.join(path, m.group(1))
+                # A moved checkpoint directory: its `checkpoint` file keeps the old path.
+                moved = os.path.join(path, os.path.basename(prefix))
+                return prefix if os.path.exists(prefix + ".index") else moved
         indexes = sorted(glob.glob(os.path.join(path, "*.index")))
         if len(indexes) != 1:
             found = ", ".join(os.path.basename(i) for i in indexes) or "none"

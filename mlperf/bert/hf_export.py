@@ -137,13 +137,13 @@ def leaf(params: Params, path: Path) -> Any:
 
 
 def to_hf_layout(value: np.ndarray, t: HfTensor) -> np.ndarray:
-    """Our array -> HF's layout: Linear kernels [in..., out...] -> [out, in], biases and
-    LayerNorm parameters flattened, embeddings as they are."""
+    """Our array -> HF's layout: Linear kernels [in..., out...] -> [out, in], biases (per
+    head [H, K] in attention) and LayerNorm parameters flattened, embeddings as they are."""
     v = np.asarray(value, np.float32)
     if t.in_dims is not None:
         rows = int(np.prod(v.shape[: t.in_dims]))
         return np.ascontiguousarray(v.reshape(rows, -1).T)
-    return v if v.ndim == 2 else v.reshape(-1)
+    return v if t.path[-1] == "embedding" else v.reshape(-1)
 
 
 def from_hf_layout(value: np.ndarray, t: HfTensor, shape: tuple[int, ...]) -> np.ndarray:
@@ -158,7 +158,7 @@ def hf_shape(t: HfTensor, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The HF shape of one of our parameters of `shape`."""
     if t.in_dims is not None:
         return (int(np.prod(shape[t.in_dims :])), int(np.prod(shape[: t.in_dims])))
-    return tuple(shape) if len(shape) == 2 else (int(np.prod(shape)),)
+    return tuple(shape) if t.path[-1] == "embedding" else (int(np.prod(shape)),)
 
 
 def to_hf_state_dict(
