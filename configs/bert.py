@@ -45,6 +45,9 @@ def _base() -> ConfigDict:
             scan_layers=False,
             scan_unroll=1,  # layers per scan iteration
             remat=False,  # recompute layer activations in the backward pass
+            # GELU's tanh approximation (Google's TF BERT, the MLPerf reference checkpoint)
+            # instead of the exact erf GELU (Hugging Face's "gelu").
+            gelu_approximate=False,
         )
     )
     c.data = ConfigDict(
@@ -105,6 +108,10 @@ def _base() -> ConfigDict:
     # (`at_eval`) and on SIGTERM; the last `keep` plus the `keep_best` best by the target
     # metric are kept. A restart with the same command resumes from the newest readable one.
     c.checkpoint = checkpoint_block()
+    # Initial parameters from a pretrained BERT (docs/pretrained-checkpoints.md): a TF1
+    # checkpoint prefix (the MLPerf reference model.ckpt-28252, with bert_config.json
+    # beside it) or a Hugging Face BertForPreTraining directory; "" = random init.
+    c.init = ConfigDict(dict(checkpoint=""))
     return c
 
 
@@ -211,6 +218,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             # The 30,522-word vocabulary padded to a multiple of 64 so the embedding and
             # MLM head split over a model axis of up to 64 (as TPU implementations do).
             c.model.vocab_size = 30528
+            # The reference checkpoint's activation (Google's TF BERT `gelu`).
+            c.model.gelu_approximate = True
             # For launch.plan: steps to the target in Google's published run.
             c.plan = ConfigDict(dict(steps_to_target=560))
     return c

@@ -64,6 +64,7 @@ class TrainLoop:
         resumed: dict[str, Any] | None = None,
         peak_flops_per_s: float | None = None,
         profile_steps: str = "",
+        initial_eval: bool = False,
     ):
         self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
         self.summaries = RunSummaries(workdir, enabled=is_main)
@@ -96,6 +97,8 @@ class TrainLoop:
         self.elapsed_before = 0.0  # run time before a restart
         self.last_saved: str | None = None
         self.preemption = PreemptionNotice() if checkpointer is not None else None
+        # An eval of the starting point (a pretrained checkpoint) before the first step.
+        self.initial_eval = initial_eval and resumed is None
         if resumed is not None:
             self._resume(resumed)
         elif is_main:
@@ -273,6 +276,12 @@ class TrainLoop:
         config = self.trainer.config
         partitioner = self.trainer.partitioner
         metrics = None
+        if self.initial_eval and self.step == 0:
+            self.initial_eval = False
+            self._evaluate(state["params"])  # eval_accuracy at epoch_num 0
+            self._take_eval()
+            if self.reached and config.train.stop_at_target:
+                return state
         if not self.block_open and self.step < self.total_steps:
             self._open_block()
         for phase_index, pr in enumerate(phase_runs):

@@ -260,6 +260,13 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         """Analytic training FLOPs per example (forward + backward) for MFU."""
 
     # ---- initialisation --------------------------------------------------------------------
+    def pretrained(self, param_shapes: Any) -> Any:
+        """A whole-model checkpoint to start from (`init.checkpoint`), checked against
+        `param_shapes` without reading its tensors; its `read()` gives the params tree as
+        host arrays (mlperf/bert/checkpoint_import.py). None: the random init."""
+        del param_shapes
+        return None
+
     def pretrained_params(self) -> dict[str, Any] | None:
         """Weights to start from instead of the random init: {top-level module name: params
         subtree as numpy}, e.g. {"backbone": ...} from a torchvision ImageNet ResNet;

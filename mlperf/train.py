@@ -41,11 +41,11 @@ from mlperf.train_state import (
     abstract_model,
     build_state_layout,
     init_train_state,
+    load_params,
     param_count,
     pretrained_params,
     stacked_leaves,
     stored_state_codec,
-    with_params,
 )
 from mlperf.validate import check_cache_dir, check_workdir, validate
 from parallel.data_parallel import GradReduction
@@ -65,6 +65,15 @@ class Trainer:
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     layout: StateLayout
+    _pretrained: Any = dataclasses.field(default=None, init=False, repr=False)
+
+    def pretrained(self):
+        """The task's pretrained checkpoint (`init.checkpoint`), checked against the model
+        (names, shapes) without reading its tensors; None when training from scratch."""
+        if self._pretrained is None:
+            params = self.layout.abstract_train_state["params"]
+            self._pretrained = self.task.pretrained(params) or False
+        return self._pretrained or None
 
     def jitted_train_step(self):
         """The train step, jitted with state/batch shardings and state donation."""
@@ -101,13 +110,18 @@ class Trainer:
         return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
 
     def init_state(self):
-        """The initial train state: random init, then the task's pretrained weights (an
-        ImageNet backbone) where it brings them, read and checked before the init."""
-        pretrained = pretrained_params(self.task, self.layout)
+        """The sharded initial state: random, then the pretrained parameters if any (a
+        BERT checkpoint, an ImageNet backbone), each checked against the model's shapes
+        before the random init and written straight into its sharding."""
+        backbone = pretrained_params(self.task, self.layout)
+        pretrained = self.pretrained()
         state = init_train_state(
             self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
         )
-        return state if pretrained is None else with_params(state, pretrained, self.layout)
+        for host_params in (backbone, pretrained.read() if pretrained is not None else None):
+            if host_params is not None:
+                state = load_params(state, host_params, self.tx, self.layout, self.partitioner)
+        return state
 
 
 def build_partitioner(config, devices=None) -> Partitioner:
@@ -165,6 +179,8 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     trainer = build_trainer(config)
     task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
     check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
+    # A pretrained checkpoint that does not fit the model fails here, before compiling.
+    pretrained = None if resuming else trainer.pretrained()
     mll.submission_info(task.benchmark, _platform_name())
     mll.event(keys.SEED, config.seed)
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
@@ -185,6 +201,8 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     else:
         state = trainer.init_state()
         key = partitioner.replicate(lambda: jax.random.key(config.seed))
+        if pretrained is not None:
+            print(f"initialised from {pretrained.describe()}", flush=True)
 
     # Data iterators and compiled steps for every phase, all before run_start.
     phase_runs = []
@@ -226,6 +244,7 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
         restored.meta if restored is not None else None,
         peak_flops_per_s=peak.flops_per_s,
         profile_steps=profile_steps,
+        initial_eval=pretrained is not None,
     )
     if restored is not None:
         loop.last_saved = restored.path

@@ -215,21 +215,6 @@ def pretrained_params(task: Task, layout: StateLayout) -> PyTree | None:
     return loaded
 
 
-def with_params(state: PyTree, loaded: PyTree, layout: StateLayout) -> PyTree:
-    """`state` with the params at the paths of `loaded` replaced, each placed straight
-    into its own sharding and cast to its parameter's dtype (the optimizer state is
-    unchanged: zero moments do not depend on the values)."""
-    abstract = layout.abstract_train_state["params"]
-
-    def place(new, old, target):
-        if not isinstance(new, dict):
-            array = np.asarray(new, dtype=target.dtype)
-            return jax.make_array_from_callback(target.shape, target.sharding, lambda i: array[i])
-        return {k: place(new[k], old[k], target[k]) if k in new else old[k] for k in old}
-
-    return {**state, "params": place(loaded, state["params"], abstract)}
-
-
 class StoredStateCodec:
     """Checkpoints hold every optimizer leaf in its parameter's own shape.
 
@@ -290,3 +275,45 @@ def stored_state_codec(
     if not count_flat(layout.update_layouts):
         return None
     return StoredStateCodec(layout, tx, partitioner)
+
+
+def _path_key(path) -> tuple:
+    return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+
+
+def load_params(
+    state: PyTree,
+    host_params: PyTree,
+    tx: optax.GradientTransformation,
+    layout: StateLayout,
+    partitioner: Partitioner,
+) -> PyTree:
+    """`state` with the parameters found in `host_params` (a nested dict of full host
+    arrays: the params tree or any sub-tree, e.g. a pretrained backbone) replaced, each
+    leaf written straight into its sharding (every host reads its own shards from its
+    copy), and the optimizer state initialised again from the new parameters."""
+    given = {_path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(host_params)[0]}
+    flat, treedef = jax.tree_util.tree_flatten_with_path(state["params"])
+    shardings = jax.tree.leaves(layout.state_shardings["params"])
+    leaves, used = [], 0
+    for (path, old), sharding in zip(flat, shardings, strict=True):
+        host = given.get(_path_key(path))
+        if host is None:
+            leaves.append(old)
+            continue
+        if tuple(host.shape) != tuple(old.shape):
+            name = "/".join(str(k) for k in _path_key(path))
+            raise ValueError(f"pretrained {name} has shape {host.shape}, the model {old.shape}")
+        host = np.asarray(host, old.dtype)
+        leaves.append(partitioner.from_host(host, sharding))
+        used += 1
+    if used != len(given):
+        unknown = sorted(set(given) - {_path_key(p) for p, _ in flat})
+        raise ValueError(f"pretrained parameters not in the model: {unknown[:3]}")
+    params = jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def init_opt(p):
+        return tx.init(to_views(p, layout.update_layouts))
+
+    opt_state = partitioner.jit(init_opt, out_shardings=layout.state_shardings["opt_state"])(params)
+    return {**state, "params": params, "opt_state": opt_state}

@@ -105,6 +105,12 @@ class Partitioner:
         device_put, which needs addressable devices)."""
         return jax.jit(make, out_shardings=self.replicated())()
 
+    @staticmethod
+    def from_host(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
+        """A global array from a full host copy that every process holds (a pretrained
+        checkpoint each host read): each addressable device takes only its shard."""
+        return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
     def _add_data_axis(
         self, spec: PartitionSpec, shape: Sequence[int], avoid: Sequence[int] = ()
     ) -> PartitionSpec:

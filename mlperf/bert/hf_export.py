@@ -11,10 +11,13 @@ tanh pooler and a 2-way next-sentence head); only layouts differ:
 
 The MLM decoder weight and bias are tied in HF (`cls.predictions.decoder.*` share the
 word embeddings and `cls.predictions.bias`), so only the tied originals are written.
+`hf_tensors` is the one name mapping: export walks it one way, the checkpoint import
+(mlperf/bert/checkpoint_import.py) the other, and TF1 names are derived from it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -27,19 +30,36 @@ from safetensors.numpy import save_file
 from mlperf.bert.model import BertConfig
 
 Params = Mapping[str, Any]
+Path = tuple[str | int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class HfTensor:
+    """One HF tensor and the parameter of ours it holds.
+
+    `in_dims` is None for tensors stored as ours up to a reshape (embeddings, biases,
+    LayerNorm); for a Linear weight it is how many leading dims of our kernel are inputs.
+    `vocab_rows`: the leading dim is the vocabulary (padded in our configs)."""
+
+    name: str
+    path: Path
+    in_dims: int | None = None
+    vocab_rows: bool = False
 
 
 def hf_config(cfg: BertConfig) -> dict[str, Any]:
-    """transformers' BertConfig fields for our model config."""
+    """transformers' BertConfig fields for our model config (the predictable vocabulary:
+    rows padded for sharding are not exported)."""
     return {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
-        "vocab_size": cfg.vocab_size,
+        "vocab_size": cfg.predictable_vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_heads,
         "intermediate_size": cfg.mlp_dim,
-        "hidden_act": "gelu",  # exact (erf) GELU, as mlperf/layers/mlp.py uses
+        # HF's "gelu" is the exact (erf) form, "gelu_new" the tanh approximation.
+        "hidden_act": "gelu_new" if cfg.gelu_approximate else "gelu",
         "max_position_embeddings": cfg.max_position,
         "type_vocab_size": cfg.type_vocab_size,
         "layer_norm_eps": 1e-12,
@@ -53,60 +73,106 @@ def hf_config(cfg: BertConfig) -> dict[str, Any]:
     }
 
 
-def _linear(kernel: np.ndarray, in_dims: int) -> np.ndarray:
-    """[in..., out...] kernel -> torch Linear weight [out, in]."""
-    k = np.asarray(kernel, np.float32)
-    rows = int(np.prod(k.shape[:in_dims]))
-    return np.ascontiguousarray(k.reshape(rows, -1).T)
+def _dense(hf: str, path: Path, in_dims: int = 1) -> list[HfTensor]:
+    return [
+        HfTensor(f"{hf}.weight", (*path, "kernel"), in_dims),
+        HfTensor(f"{hf}.bias", (*path, "bias")),
+    ]
 
 
-def _dense(prefix: str, p: Params, in_dims: int = 1) -> dict[str, np.ndarray]:
-    return {
-        f"{prefix}.weight": _linear(p["kernel"], in_dims),
-        f"{prefix}.bias": np.asarray(p["bias"], np.float32).reshape(-1),
-    }
+def _norm(hf: str, path: Path) -> list[HfTensor]:
+    return [HfTensor(f"{hf}.weight", (*path, "scale")), HfTensor(f"{hf}.bias", (*path, "bias"))]
 
 
-def _norm(prefix: str, p: Params) -> dict[str, np.ndarray]:
-    return {
-        f"{prefix}.weight": np.asarray(p["scale"], np.float32),
-        f"{prefix}.bias": np.asarray(p["bias"], np.float32),
-    }
-
-
-def _layer(layers: Params, i: int) -> Params:
-    """Layer i's parameters from either form: a list (`layers/<i>/...`) or a scanned
-    stack (`layers/...` with a leading [num_layers] dimension)."""
-    if "attention" in layers:
-        return jax.tree.map(lambda a: np.asarray(a)[i], layers)
-    return layers[i] if i in layers else layers[str(i)]
-
-
-def to_hf_state_dict(params: Params, num_layers: int) -> dict[str, np.ndarray]:
-    """Our params (a pure dict of host arrays) -> HF BertForPreTraining tensor names."""
-    out = {
-        "bert.embeddings.word_embeddings.weight": params["word_embeddings"]["embedding"],
-        "bert.embeddings.position_embeddings.weight": params["position_embeddings"]["embedding"],
-        "bert.embeddings.token_type_embeddings.weight": params["type_embeddings"]["embedding"],
-        **_norm("bert.embeddings.LayerNorm", params["embedding_norm"]),
-        **_dense("bert.pooler.dense", params["pooler"]),
-        **_dense("cls.predictions.transform.dense", params["mlm_transform"]),
-        **_norm("cls.predictions.transform.LayerNorm", params["mlm_norm"]),
-        "cls.predictions.bias": params["mlm_bias"],
-        **_dense("cls.seq_relationship", params["nsp"]),
-    }
+def hf_tensors(num_layers: int) -> list[HfTensor]:
+    """Every HF BertForPreTraining tensor (tied ones once) with our parameter path; layer
+    parameters under ("layers", i, ...), the unrolled form."""
+    out = [
+        HfTensor(
+            "bert.embeddings.word_embeddings.weight",
+            ("word_embeddings", "embedding"),
+            vocab_rows=True,
+        ),
+        HfTensor(
+            "bert.embeddings.position_embeddings.weight", ("position_embeddings", "embedding")
+        ),
+        HfTensor("bert.embeddings.token_type_embeddings.weight", ("type_embeddings", "embedding")),
+        *_norm("bert.embeddings.LayerNorm", ("embedding_norm",)),
+    ]
     for i in range(num_layers):
-        layer = _layer(params["layers"], i)
-        att = layer["attention"]
-        hf = f"bert.encoder.layer.{i}"
+        hf, ours = f"bert.encoder.layer.{i}", ("layers", i)
         for name in ("query", "key", "value"):
-            out.update(_dense(f"{hf}.attention.self.{name}", att[name]))
-        out.update(_dense(f"{hf}.attention.output.dense", att["out"], in_dims=2))
-        out.update(_norm(f"{hf}.attention.output.LayerNorm", layer["attention_norm"]))
-        out.update(_dense(f"{hf}.intermediate.dense", layer["mlp"]["wi"]))
-        out.update(_dense(f"{hf}.output.dense", layer["mlp"]["wo"]))
-        out.update(_norm(f"{hf}.output.LayerNorm", layer["mlp_norm"]))
-    return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in out.items()}
+            out += _dense(f"{hf}.attention.self.{name}", (*ours, "attention", name))
+        out += _dense(f"{hf}.attention.output.dense", (*ours, "attention", "out"), in_dims=2)
+        out += _norm(f"{hf}.attention.output.LayerNorm", (*ours, "attention_norm"))
+        out += _dense(f"{hf}.intermediate.dense", (*ours, "mlp", "wi"))
+        out += _dense(f"{hf}.output.dense", (*ours, "mlp", "wo"))
+        out += _norm(f"{hf}.output.LayerNorm", (*ours, "mlp_norm"))
+    out += [
+        *_dense("bert.pooler.dense", ("pooler",)),
+        *_dense("cls.predictions.transform.dense", ("mlm_transform",)),
+        *_norm("cls.predictions.transform.LayerNorm", ("mlm_norm",)),
+        HfTensor("cls.predictions.bias", ("mlm_bias",), vocab_rows=True),
+        *_dense("cls.seq_relationship", ("nsp",)),
+    ]
+    return out
+
+
+def is_stacked(layers: Params) -> bool:
+    """Whether `layers` is the scanned form (`layers/...` with a leading [num_layers] dim)
+    rather than a list (`layers/<i>/...`)."""
+    return "attention" in layers
+
+
+def leaf(params: Params, path: Path) -> Any:
+    """Our parameter at an unrolled-form path, from either layer form."""
+    node = params
+    for i, key in enumerate(path):
+        if key == "layers" and is_stacked(node[key]):
+            return np.asarray(leaf(node[key], path[i + 2 :]))[path[i + 1]]
+        if isinstance(key, int) and key not in node:
+            key = str(key)
+        node = node[key]
+    return node
+
+
+def to_hf_layout(value: np.ndarray, t: HfTensor) -> np.ndarray:
+    """Our array -> HF's layout: Linear kernels [in..., out...] -> [out, in], biases (per
+    head [H, K] in attention) and LayerNorm parameters flattened, embeddings as they are."""
+    v = np.asarray(value, np.float32)
+    if t.in_dims is not None:
+        rows = int(np.prod(v.shape[: t.in_dims]))
+        return np.ascontiguousarray(v.reshape(rows, -1).T)
+    return v if t.path[-1] == "embedding" else v.reshape(-1)
+
+
+def from_hf_layout(value: np.ndarray, t: HfTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """HF's layout -> our array of `shape` (the inverse of to_hf_layout)."""
+    v = np.asarray(value, np.float32)
+    if t.in_dims is not None:
+        v = v.T
+    return np.ascontiguousarray(v.reshape(shape))
+
+
+def hf_shape(t: HfTensor, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The HF shape of one of our parameters of `shape`."""
+    if t.in_dims is not None:
+        return (int(np.prod(shape[t.in_dims :])), int(np.prod(shape[: t.in_dims])))
+    return tuple(shape) if t.path[-1] == "embedding" else (int(np.prod(shape)),)
+
+
+def to_hf_state_dict(
+    params: Params, num_layers: int, vocab_size: int | None = None
+) -> dict[str, np.ndarray]:
+    """Our params (a pure dict of host arrays) -> HF BertForPreTraining tensor names; the
+    vocabulary rows are cut to `vocab_size` (dropping padding) when given."""
+    out = {}
+    for t in hf_tensors(num_layers):
+        value = to_hf_layout(leaf(params, t.path), t)
+        if t.vocab_rows and vocab_size is not None:
+            value = value[:vocab_size]
+        out[t.name] = np.ascontiguousarray(value)
+    return out
 
 
 def export_safetensors(params: Params, cfg: BertConfig, output_dir: str) -> list[str]:
@@ -115,7 +181,9 @@ def export_safetensors(params: Params, cfg: BertConfig, output_dir: str) -> list
     os.makedirs(output_dir, exist_ok=True)
     weights = os.path.join(output_dir, "model.safetensors")
     config = os.path.join(output_dir, "config.json")
-    save_file(to_hf_state_dict(params, cfg.num_layers), weights, metadata={"format": "pt"})
+    params = jax.tree.map(np.asarray, params)
+    tensors = to_hf_state_dict(params, cfg.num_layers, cfg.predictable_vocab_size)
+    save_file(tensors, weights, metadata={"format": "pt"})
     with open(config, "w") as f:
         json.dump(hf_config(cfg), f, indent=2, sort_keys=True)
     return [weights, config]

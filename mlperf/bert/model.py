@@ -16,8 +16,11 @@ from flax import nnx
 from mlperf.layers.attention import SelfAttention
 from mlperf.layers.embedding import Embed, gather_positions
 from mlperf.layers.linear import DenseGeneral, LayerNorm, dropout, logical_param
-from mlperf.layers.mlp import MlpBlock, gelu
+from mlperf.layers.mlp import ACTIVATIONS, MlpBlock
 from parallel.partition import constrain
+
+# Logit of padded vocabulary rows: exp() of it underflows to exactly 0 in fp32 softmax.
+PADDING_LOGIT = -1e9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +28,10 @@ class BertConfig:
     """Model hyperparameters, built from the config's `model` sub-dict."""
 
     vocab_size: int
+    # Rows of the vocabulary that are real tokens; the rest (a table padded from 30,522 to
+    # 30,528 so it splits over the model axis) get a large negative logit and are never
+    # predicted. 0: every row is a token.
+    valid_vocab_size: int = 0
     hidden_size: int = 768
     num_layers: int = 12
     num_heads: int = 12
@@ -45,6 +52,18 @@ class BertConfig:
     # Recompute each layer's activations in the backward pass (jax.checkpoint): memory
     # for the per-layer activations traded for about one more forward pass.
     remat: bool = False
+    # GELU's tanh approximation, as Google's TF BERT (the MLPerf reference checkpoint was
+    # trained with it), instead of the exact erf form (Hugging Face's `gelu`).
+    gelu_approximate: bool = False
+
+    @property
+    def activation(self) -> str:
+        return "gelu_tanh" if self.gelu_approximate else "gelu"
+
+    @property
+    def predictable_vocab_size(self) -> int:
+        """Rows of the vocabulary that can be predicted (padding rows excluded)."""
+        return self.valid_vocab_size or self.vocab_size
 
 
 class EncoderLayer(nnx.Module):
@@ -57,7 +76,9 @@ class EncoderLayer(nnx.Module):
             cfg.hidden_size, cfg.num_heads, rngs=rngs, dropout_rate=cfg.dropout_rate, dtype=dt
         )
         self.attention_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
-        self.mlp = MlpBlock(cfg.hidden_size, cfg.mlp_dim, rngs=rngs, dtype=dt)
+        self.mlp = MlpBlock(
+            cfg.hidden_size, cfg.mlp_dim, rngs=rngs, activation=cfg.activation, dtype=dt
+        )
         self.mlp_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
 
     def __call__(self, x, mask, rng):
@@ -163,8 +184,14 @@ class BertForPreTraining(nnx.Module):
         masked_BxPxD = gather_positions(
             x_BxLxD, batch["masked_lm_positions"], self.cfg.einsum_gather
         )
-        h = self.mlm_norm(gelu(self.mlm_transform(masked_BxPxD)))
+        act = ACTIVATIONS[self.cfg.activation]
+        h = self.mlm_norm(act(self.mlm_transform(masked_BxPxD)))
         mlm_logits = self.word_embeddings.attend(h).astype(jnp.float32) + self.mlm_bias[...]
+        if self.cfg.predictable_vocab_size < self.cfg.vocab_size:
+            # Padding rows can never win the argmax nor take probability mass, and get
+            # no gradient through the head.
+            real = jnp.arange(self.cfg.vocab_size) < self.cfg.predictable_vocab_size
+            mlm_logits = jnp.where(real, mlm_logits, PADDING_LOGIT)
         mlm_logits = constrain(mlm_logits, ("batch", None, "vocab"))
         pooled = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
         nsp_logits = self.nsp(pooled).astype(jnp.float32)

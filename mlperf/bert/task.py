@@ -13,6 +13,7 @@ from flax import nnx
 
 from input_pipeline.bert_data import BertData, build_bert_data
 from input_pipeline.pretraining_examples import feature_spec
+from mlperf.bert.checkpoint_import import PretrainedBert, check_config, open_source
 from mlperf.bert.model import BertConfig, BertForPreTraining
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config
@@ -61,6 +62,9 @@ class BertTask(Task[BertPrepared]):
 
     def prepare(self, shard_index: int, shard_count: int) -> BertPrepared:
         """Builds (or loads the cached) data for every phase before anything compiles."""
+        if self._init_checkpoint():  # a checkpoint of another model fails before the data
+            source = open_source(self._init_checkpoint())
+            check_config(source.config_path, self.model_config(), source.format.startswith("TF1"))
         data = {}
         for phase in self.phases():
             key = (phase.data["seq_length"], phase.data["max_predictions"])
@@ -131,10 +135,14 @@ class BertTask(Task[BertPrepared]):
             vocab = self.data.vocab_size
         # A config may pad the table (30522 -> 30528) so the vocab splits over `model`.
         vocab = max(vocab, m.vocab_size)
+        # Rows past the tokenizer's vocabulary are padding: never predicted.
+        real = self.data.vocab_size if self.has_data else self.config.data.vocab_size
+        real = min(real or vocab, vocab)
         return from_config(
             BertConfig,
             m,
             vocab_size=vocab,
+            valid_vocab_size=real if real < vocab else 0,
             einsum_gather=self.config.einsum_gather,
             compute_dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
@@ -143,6 +151,15 @@ class BertTask(Task[BertPrepared]):
 
     def build_model(self, rngs: nnx.Rngs) -> BertForPreTraining:
         return BertForPreTraining(self.model_config(), rngs=rngs)
+
+    def _init_checkpoint(self) -> str:
+        init = self.config.get("init")
+        return init.get("checkpoint", "") if init is not None else ""
+
+    def pretrained(self, param_shapes) -> PretrainedBert | None:
+        """`init.checkpoint` (TF1 or Hugging Face), checked against the model config."""
+        path = self._init_checkpoint()
+        return PretrainedBert(path, self.model_config(), param_shapes) if path else None
 
     # ---- loss and eval -------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:

@@ -23,6 +23,15 @@ def gelu(x: jax.Array) -> jax.Array:
     return x * (0.5 + 0.5 * jax.lax.erf(x * jnp.asarray(_SQRT_HALF, x.dtype)))
 
 
+def gelu_tanh(x: jax.Array) -> jax.Array:
+    """GELU's tanh approximation, the `gelu` of Google's TF BERT code (and so of the
+    MLPerf reference checkpoint); Hugging Face calls it `gelu_new`."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {"gelu": gelu, "gelu_tanh": gelu_tanh, "relu": jax.nn.relu}
+
+
 class MlpBlock(nnx.Module):
     """Dense(embed -> mlp), activation, Dense(mlp -> embed)."""
 
@@ -41,7 +50,7 @@ class MlpBlock(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         h = self.wi(x)
-        # BERT uses the exact (erf) GELU; the Transformer uses ReLU.
-        h = gelu(h) if self.activation == "gelu" else jax.nn.relu(h)
+        # BERT uses a GELU (exact, or tanh as Google's TF code); the Transformer ReLU.
+        h = ACTIVATIONS[self.activation](h)
         h = constrain(h, ("batch", "length", "mlp"))
         return self.wo(h)
