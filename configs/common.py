@@ -27,6 +27,10 @@ def parallel_block(**extra: Any) -> ConfigDict:
             grad_allreduce="xla",
             grad_bucket_bytes=4 << 20,
             grad_allreduce_chunks=0,  # linear_pipeline chunks; 0: the cost model's choice
+            # Type of the gradients while summed over `data`: float32, bfloat16 (Google's
+            # v0.7 BERT) or float16 (x grad_loss_scale before the cast, / after).
+            grad_reduce_dtype="float32",
+            grad_loss_scale=1024.0,
             **extra,
         )
     )
