@@ -21,7 +21,8 @@ from launch.distributed import DistributedSetupError, init_distributed
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
-PREEMPTED_EXIT_CODE = 143  # 128 + SIGTERM, as if the signal had ended the process
+# 128 + the signal, as if it had ended the process (the checkpoint is written first).
+PREEMPTED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True
@@ -43,6 +44,13 @@ _TPU_POD = flags.DEFINE_bool(
 )
 _PROFILE_STEPS = flags.DEFINE_string(
     "profile_steps", "", "'a:b': write a jax.profiler trace of steps a..b-1 into WORKDIR/profile."
+)
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_list(
+    "allow_config_change",
+    [],
+    "Resume even though these config keys (dotted, comma-separated) differ from the "
+    "checkpoint's in a way that alters the training trajectory; recorded in the MLPerf log "
+    "and result.json. See docs/reliability.md.",
 )
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "init_timeout_s", 300, "Seconds to wait for every process to join before failing."
@@ -76,16 +84,23 @@ def main(argv: list[str]) -> None:
             _TPU_POD.value,
             _INIT_TIMEOUT.value,
         )
+        from mlperf.checkpoint import configure_checkpointing
         from mlperf.train import run
 
-        result = run(_CONFIG.value, _WORKDIR.value, profile_steps=_PROFILE_STEPS.value)
+        configure_checkpointing()  # process-wide orbax settings, once, after distributed
+        result = run(
+            _CONFIG.value,
+            _WORKDIR.value,
+            profile_steps=_PROFILE_STEPS.value,
+            allow_config_change=_ALLOW_CONFIG_CHANGE.value,
+        )
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
         # Bad input (config values, data files, cluster coordinates): one clear line.
         if os.environ.get("MULTIPOD_DEBUG"):
             raise
         _fail(str(e), _WORKDIR.value)
-    if result["status"] == "preempted":
-        raise SystemExit(PREEMPTED_EXIT_CODE)  # checkpoint written: run the command again
+    if result["status"] == "preempted":  # checkpoint written: run the command again
+        raise SystemExit(PREEMPTED_EXIT_CODES.get(result["stop_signal"], 143))
     if not result["reached_target"] or result["status"] != "success":
         raise SystemExit(1)
 
