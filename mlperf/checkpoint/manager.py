@@ -20,6 +20,7 @@ import errno
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from jax.experimental import multihost_utils
 from mlperf.checkpoint.integrity import (
     CheckpointMismatchError,
     check_compatible,
+    committed_steps,
+    directory_bytes,
     incomplete_reason,
     leaf_shapes,
     write_manifest,
@@ -69,22 +72,17 @@ class CheckpointConfig:
     async_save: bool = True
     enabled: bool = True
 
+    def __post_init__(self):
+        for key, low in (("keep", 1), ("keep_best", 0), ("every_steps", 0)):
+            if getattr(self, key) < low:
+                why = " (checkpoint.enabled=False writes none)" if key == "keep" else ""
+                raise ValueError(f"checkpoint.{key}={getattr(self, key)}: must be >= {low}{why}")
+
     @classmethod
     def from_config(cls, config, workdir: str) -> CheckpointConfig:
         """Reads `config.checkpoint` (absent: checkpoint at evals into workdir/checkpoints)."""
         c = config.get("checkpoint", None) or {}
         directory = c.get("dir", "") or os.path.join(workdir, "checkpoints")
-        for key, low in (("keep", 1), ("keep_best", 0), ("every_steps", 0)):
-            if int(c.get(key, low)) < low:
-                raise ValueError(
-                    f"checkpoint.{key}={c.get(key)}: must be >= {low}"
-                    + (
-                        " (the newest checkpoint is always kept; checkpoint.enabled=False "
-                        "writes none)"
-                        if key == "keep"
-                        else ""
-                    )
-                )
         return cls(
             directory=os.path.abspath(os.path.expanduser(directory)),
             every_steps=int(c.get("every_steps", 0)),
@@ -150,7 +148,8 @@ def save_failure(error: BaseException, path: str) -> str:
             where = seen.filename or path
             return (
                 f"writing checkpoint {where} failed: [Errno {seen.errno}] "
-                f"{os.strerror(seen.errno)} ({errno.errorcode.get(seen.errno, '?')})"
+                f"{seen.strerror or os.strerror(seen.errno)} "
+                f"({errno.errorcode.get(seen.errno, '?')})"
             )
         seen = seen.__cause__ or seen.__context__
     text = " ".join(str(error).split())
@@ -244,6 +243,7 @@ class Checkpointer:
             best = {self.best_metric: float(metrics[self.best_metric])}
         self._unlisted = step
         with self._failures():
+            self._check_room(step)
             self.manager.save(
                 step,
                 args=ocp.args.Composite(
@@ -253,6 +253,32 @@ class Checkpointer:
                 ),
                 metrics=best,
                 force=True,
+            )
+
+    def _check_room(self, step: int) -> None:
+        """Raises OSError (with errno) unless the directory takes a file and has room for
+        a checkpoint as large as the newest one. Checked before orbax starts: it creates
+        the step directory in a background thread, and a failure there surfaces only as a
+        timeout minutes later."""
+        directory, path = self.cfg.directory, self.step_path(step)
+        probe = os.path.join(directory, f".write_probe_{jax.process_index()}_{os.getpid()}")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+            os.remove(probe)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, path) from e
+        committed = [s for s in committed_steps(directory) if s != step]
+        need = directory_bytes(self.step_path(committed[-1])) if committed else 0
+        free = shutil.disk_usage(directory).free
+        if free < need:
+            raise OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)}: {free >> 20} MiB free, the last checkpoint "
+                f"took {need >> 20} MiB",
+                path,
             )
 
     @contextlib.contextmanager
