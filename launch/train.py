@@ -94,6 +94,14 @@ def main(argv: list[str]) -> None:
             profile_steps=_PROFILE_STEPS.value,
             allow_config_change=_ALLOW_CONFIG_CHANGE.value,
         )
+    except KeyboardInterrupt:
+        # Ctrl-C before training started (or a second one): nothing new to save.
+        print(
+            "multipod: interrupted (Ctrl-C) without a checkpoint of the current step; the "
+            "same command continues from the newest checkpoint, if any.",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
     except (ValueError, FileNotFoundError, DistributedSetupError) as e:
         # Bad input (config values, data files, cluster coordinates): one clear line.
         if os.environ.get("MULTIPOD_DEBUG"):

@@ -180,6 +180,37 @@ def test_a_save_into_an_unwritable_directory_is_one_line_with_path_and_errno(tmp
     assert "[Errno 1]" in message or "[Errno 13]" in message, message
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 4 MiB ext4 filesystem, loop-mounted (root only): a real full disk."""
+    image, mount = tmp_path / "disk.img", tmp_path / "disk"
+    mount.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(4 << 20)
+    steps = (["mkfs.ext4", "-q", "-F", str(image)], ["mount", "-o", "loop", str(image), str(mount)])
+    for argv in steps:
+        if subprocess.run(argv, capture_output=True).returncode != 0:
+            pytest.skip("no loop-mounted filesystem here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_mid_save_is_one_line_and_keeps_the_complete_checkpoints(tiny_disk):
+    directory = tiny_disk / "checkpoints"
+    c = Checkpointer(CheckpointConfig(str(directory), keep=3), "acc")
+    c.save(1, _small_state(), {}, None)  # 256 bytes of arrays: fits
+    noise = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    big = {"w": jax.numpy.asarray(noise)}  # 4 MiB that do not compress: does not fit
+    with pytest.raises(CheckpointSaveError) as e:
+        c.save(2, big, {}, None)
+        c.wait()
+    c.close()
+    message = str(e.value)
+    assert "\n" not in message and str(directory) in message
+    assert "[Errno 28]" in message and "ENOSPC" in message, message
+    assert committed_steps(str(directory)) == [1]
+
+
 def test_save_failure_names_the_errno_behind_wrapped_errors():
     inner = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ck/5/state/x")
     try:

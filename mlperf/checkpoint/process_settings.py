@@ -8,16 +8,26 @@ not made by a library constructor: `launch.train` (and the tests' conftest) call
 from __future__ import annotations
 
 import logging
+import os
 
 import jax
 import orbax.checkpoint as ocp
 
 
-def configure_checkpointing() -> None:
-    """Quiet orbax's INFO logging and, with one process, write each shard whole.
+class _OrbaxSaveTracebacks(logging.Filter):
+    """Drops the tracebacks orbax logs when a background save fails: the same error is
+    raised to the checkpointer, which stops the run with one line naming path and errno."""
 
-    orbax logs its creation, every save and every deletion at INFO through absl; the
-    run's own lines say what happened.
+    def filter(self, record: logging.LogRecord) -> bool:
+        from_orbax = f"orbax{os.sep}checkpoint" in record.pathname
+        return not (from_orbax and record.exc_info and record.levelno >= logging.ERROR)
+
+
+def configure_checkpointing() -> None:
+    """Quiet orbax's logging and, with one process, write each shard whole.
+
+    orbax logs its creation, every save and every deletion at INFO through absl, and a
+    failed background save as a traceback; the run's own lines say what happened.
 
     With one process orbax writes each shard once, whole, instead of splitting replicated
     shards across their replicas ("replica-parallel", its default): splitting lets every
@@ -27,7 +37,10 @@ def configure_checkpointing() -> None:
     the loop 29-58 s the first time, compiling ~120 slice programs, and 2-4 s at every later
     save). Several processes keep orbax's default. The registered handler's array-metadata
     store is kept (orbax exposes no public constructor for it)."""
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    absl_logger = logging.getLogger("absl")
+    absl_logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, _OrbaxSaveTracebacks) for f in absl_logger.filters):
+        absl_logger.addFilter(_OrbaxSaveTracebacks())
     if jax.process_count() == 1:
         current = ocp.type_handlers.get_type_handler(jax.Array)
         ocp.type_handlers.register_type_handler(
