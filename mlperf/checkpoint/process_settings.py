@@ -43,11 +43,15 @@ def configure_checkpointing() -> None:
         absl_logger.addFilter(_OrbaxSaveTracebacks())
     if jax.process_count() == 1:
         current = ocp.type_handlers.get_type_handler(jax.Array)
-        ocp.type_handlers.register_type_handler(
-            jax.Array,
-            ocp.type_handlers.ArrayHandler(
-                use_replica_parallel=False,
-                array_metadata_store=getattr(current, "_array_metadata_store", None),
-            ),
-            override=True,
-        )
+        absl_logger.setLevel(logging.ERROR)  # orbax warns that it overrides a handler
+        try:
+            ocp.type_handlers.register_type_handler(
+                jax.Array,
+                ocp.type_handlers.ArrayHandler(
+                    use_replica_parallel=False,
+                    array_metadata_store=getattr(current, "_array_metadata_store", None),
+                ),
+                override=True,
+            )
+        finally:
+            absl_logger.setLevel(logging.WARNING)
