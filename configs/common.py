@@ -52,6 +52,10 @@ def checkpoint_block() -> ConfigDict:
             "keep": 2,
             "keep_best": 1,
             "async": True,
+            # A logged loss above factor x the running median of the last `window` starts
+            # an instability: checkpoints from then on are not "last good".
+            "loss_spike_factor": 10.0,
+            "loss_spike_window": 20,
         }
     )
 

@@ -34,6 +34,8 @@ from launch.distributed import DistributedSetupError, PeerLostError, init_distri
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
 PREEMPTED_EXIT_CODE = EXIT_PREEMPTED
+# 128 + the signal, as if it had ended the process (the checkpoint is written first).
+PREEMPTED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True
@@ -55,6 +57,13 @@ _TPU_POD = flags.DEFINE_bool(
 )
 _PROFILE_STEPS = flags.DEFINE_string(
     "profile_steps", "", "'a:b': write a jax.profiler trace of steps a..b-1 into WORKDIR/profile."
+)
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_list(
+    "allow_config_change",
+    [],
+    "Resume even though these config keys (dotted, comma-separated) differ from the "
+    "checkpoint's in a way that alters the training trajectory; recorded in the MLPerf log "
+    "and result.json. See docs/reliability.md.",
 )
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "init_timeout_s", 300, "Seconds to wait for every process to join before failing."
@@ -114,15 +123,30 @@ def main(argv: list[str]) -> None:
             _INIT_TIMEOUT.value,
             _HEARTBEAT_TIMEOUT.value,
         )
+        from mlperf.checkpoint import configure_checkpointing
         from mlperf.train import run
 
-        result = run(_CONFIG.value, _WORKDIR.value, profile_steps=_PROFILE_STEPS.value)
+        configure_checkpointing()  # process-wide orbax settings, once, after distributed
+        result = run(
+            _CONFIG.value,
+            _WORKDIR.value,
+            profile_steps=_PROFILE_STEPS.value,
+            allow_config_change=_ALLOW_CONFIG_CHANGE.value,
+        )
     except PeerLostError as e:
         e.exit()
+    except KeyboardInterrupt:
+        # Ctrl-C before training started (or a second one): nothing new to save.
+        print(
+            "multipod: interrupted (Ctrl-C) without a checkpoint of the current step; the "
+            "same command continues from the newest checkpoint, if any.",
+            file=sys.stderr,
+        )
+        raise SystemExit(130) from None
     except Exception as e:  # noqa: BLE001 - sorted below: peer lost, bad input, or a bug
         _handle(e)
-    if result["status"] == "preempted":
-        raise SystemExit(EXIT_PREEMPTED)  # checkpoint written: run the command again
+    if result["status"] == "preempted":  # checkpoint written: run the command again
+        raise SystemExit(PREEMPTED_EXIT_CODES.get(result["stop_signal"], EXIT_PREEMPTED))
     if not result["reached_target"] or result["status"] != "success":
         raise SystemExit(EXIT_TARGET_NOT_REACHED)
 

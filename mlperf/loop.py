@@ -1,12 +1,15 @@
 """The running training loop: steps, in-loop evals, checkpoints, MLPerf blocks, progress.
 
 `mlperf/train.py` builds everything (mesh, data, compiled steps, state) and hands it to
-a `TrainLoop`, which trains through the phases until the target or the step budget and
-keeps the counters a checkpoint needs to resume exactly.
+a `TrainLoop`, which trains through the phases until the target or the step budget. Its
+counters are a `LoopState` (mlperf/loop_state.py), which is also the checkpoint metadata.
+It stops early, always with one line saying why, at a preemption notice or Ctrl-C (after
+a checkpoint), a non-finite loss (naming the last good checkpoint) or a failed save.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -17,8 +20,20 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from mlperf.checkpoint import Checkpointer, PreemptionNotice, all_finite, iterator_state_of
+from mlperf.checkpoint import (
+    Checkpointer,
+    CheckpointSaveError,
+    PreemptionNotice,
+    SpikeRule,
+    all_finite,
+    iterator_state_of,
+    last_good,
+    plain_config,
+)
+from mlperf.checkpoint.manager import all_hosts_ok
 from mlperf.evaluate import Evaluator
+from mlperf.goodput import Goodput
+from mlperf.loop_state import LoopState
 from mlperf.mllog import MlLog, keys
 from mlperf.profiling import ProfileWindow
 from mlperf.reporting import Progress
@@ -61,12 +76,14 @@ class TrainLoop:
         is_main: bool,
         workdir: str,
         checkpointer: Checkpointer | None = None,
-        resumed: dict[str, Any] | None = None,
+        resumed: LoopState | None = None,
         peak_flops_per_s: float | None = None,
         profile_steps: str = "",
         initial_eval: bool = False,
+        goodput: Goodput | None = None,
     ):
         self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
+        self.workdir = workdir
         self.summaries = RunSummaries(workdir, enabled=is_main)
         # Every process traces its own devices (files are named by host).
         self.profile = ProfileWindow(profile_steps, workdir)
@@ -74,77 +91,65 @@ class TrainLoop:
         # One JSON object per logged step and per eval, for plots and run comparisons.
         self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         self.task = trainer.task
+        config = trainer.config
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
-        self.eval_every = eval_interval(trainer.config, phases)
+        self.eval_every = eval_interval(config, phases)
+        self.spike_rule = SpikeRule.from_config(config)
         self.progress = Progress(
             self.total_steps,
             self.task.target_metric,
             enabled=is_main,
             peak_flops_per_s=peak_flops_per_s,
         )
-        self.step = self.samples = 0
-        self.next_eval = self.eval_every
-        self.eval_metrics: dict[str, float] = {}
-        self.last_metrics: dict[str, float] = {}
-        self.reached = False
-        self.to_target: dict[str, Any] = {}
+        self.goodput = goodput if goodput is not None else Goodput()
+        # The counters a checkpoint holds; it always records this run's own config.
+        self.s = resumed if resumed is not None else LoopState(next_eval=self.eval_every)
+        self.s.config = plain_config(config)
+        self.s.seed, self.s.variant = config.seed, config.variant
+        self.s.benchmark = self.task.benchmark
         self.status = keys.SUCCESS
-        self.block_open = False
-        self._block_start = 0
+        self.stop_reason: str | None = None
         self._pending_eval = None
-        self._evaluated_at = -1
-        self.elapsed_before = 0.0  # run time before a restart
+        self._watched = -1  # the last step whose loss went to the spike check
+        self.elapsed_before = self.s.elapsed_s  # run time before a restart
         self.last_saved: str | None = None
         self.preemption = PreemptionNotice() if checkpointer is not None else None
         # An eval of the starting point (a pretrained checkpoint) before the first step.
         self.initial_eval = initial_eval and resumed is None
         if resumed is not None:
-            self._resume(resumed)
+            self._resume()
         elif is_main:
             open(self.metrics_path, "w").close()
         self.start = time.perf_counter()
 
     # ---- checkpoints ---------------------------------------------------------------------
-    _SAVED = (
-        "step samples next_eval eval_metrics last_metrics reached to_target block_open"
-    ).split()
-
-    def _resume(self, meta: dict[str, Any]) -> None:
-        """Counters, eval schedule and MLPerf block state as they were at the checkpoint."""
-        for name in self._SAVED:
-            setattr(self, name, meta[name])
-        self._block_start = meta["block_start"]
-        self.elapsed_before = meta["elapsed_s"]
-        self._evaluated_at = meta["evaluated_at"]
-        if self.eval_metrics:
-            self.progress.eval_done(self._evaluated_at, self.eval_metrics[self.task.target_metric])
+    def _resume(self) -> None:
+        """Progress and metrics.jsonl as they were at the checkpoint."""
+        if self.s.eval_metrics:
+            self.progress.eval_done(
+                self.s.evaluated_at, self.s.eval_metrics[self.task.target_metric]
+            )
+        if self.checkpointer is not None:
+            self.checkpointer.protected.unstable_since = self.s.unstable_since
         if self.is_main:
             # Lines written after the checkpoint are written again by this run.
             if os.path.exists(self.metrics_path):
                 os.truncate(
-                    self.metrics_path, min(meta["metrics_bytes"], file_size(self.metrics_path))
+                    self.metrics_path, min(self.s.metrics_bytes, file_size(self.metrics_path))
                 )
             else:
                 open(self.metrics_path, "w").close()
 
     def _meta(self, phase_index: int, done: int, key) -> dict[str, Any]:
-        config = self.trainer.config
-        return {
-            **{name: getattr(self, name) for name in self._SAVED},
-            "block_start": self._block_start,
-            "evaluated_at": self._evaluated_at,
-            "phase": phase_index,
-            "phase_step": done,
-            "elapsed_s": self.elapsed_before + time.perf_counter() - self.start,
-            "mllog_bytes": file_size(self.mll.path) if self.is_main else 0,
-            "metrics_bytes": file_size(self.metrics_path) if self.is_main else 0,
-            "rng_key": np.asarray(jax.random.key_data(key).addressable_data(0)).tolist(),
-            "seed": config.seed,
-            "benchmark": self.task.benchmark,
-            "variant": config.variant,
-            "config": json.loads(config.to_json_best_effort()),  # for launch.export
-        }
+        s = self.s
+        s.phase, s.phase_step = phase_index, done
+        s.elapsed_s = self.elapsed_before + time.perf_counter() - self.start
+        s.model_flops = self.progress.model_flops_at(s.samples)
+        s.mllog_bytes = file_size(self.mll.path) if self.is_main else 0
+        s.metrics_bytes = file_size(self.metrics_path) if self.is_main else 0
+        s.rng_key = np.asarray(jax.random.key_data(key).addressable_data(0)).tolist()
+        return s.to_meta()
 
     def _save_due(self, boundary: bool) -> bool:
         """Whether a checkpoint is written after this step (before the preemption check)."""
@@ -152,58 +157,119 @@ class TrainLoop:
         if c is None:
             return False
         every = c.cfg.every_steps
-        return (every > 0 and self.step % every == 0) or (boundary and c.cfg.at_eval)
+        return (every > 0 and self.s.step % every == 0) or (boundary and c.cfg.at_eval)
 
     def _save(self, state, key, phase_index: int, pr: PhaseRun, iterator_state, metrics):
         """Writes a checkpoint of a healthy state; False (and status aborted) if not."""
         if not self._healthy(state, metrics):
             return False
-        self._take_eval()  # a checkpoint never holds an eval still being computed
-        evaluated = self.eval_metrics if self._evaluated_at == self.samples else None
+        with self.goodput.timing("eval_s"):
+            self._take_eval()  # a checkpoint never holds an eval still being computed
+        s = self.s
+        evaluated = s.eval_metrics if s.evaluated_at == s.samples else None
         meta = self._meta(phase_index, pr.done, key)
-        self.checkpointer.save(self.step, state, meta, iterator_state, evaluated)
-        self.last_saved = self.checkpointer.step_path(self.step)
+        try:
+            with self.goodput.timing("checkpoint_save_s"):
+                self.checkpointer.save(s.step, state, meta, iterator_state, evaluated)
+        except CheckpointSaveError as e:
+            self.save_failed(e)
+            return False
+        self.last_saved = self.checkpointer.step_path(s.step)
         return True
+
+    def save_failed(self, error: CheckpointSaveError) -> None:
+        """A failed save stops the run: one line with the path, the errno, what is kept."""
+        self.status = keys.ABORTED
+        kept = self.checkpointer.steps() if self.checkpointer else []
+        self.stop_reason = (
+            f"{error} at step {self.s.step}: stopping (mllog run_stop status aborted); "
+            f"complete checkpoints kept: {kept or 'none'}. Free space or fix the directory, "
+            "then run the same command again to continue."
+        )
+        print(self.stop_reason, flush=True)
+
+    def _saves_ok(self) -> bool:
+        """False (run stopped) when a background save has failed. Several processes agree
+        first (every host stops at the same step)."""
+        c = self.checkpointer
+        if c is None:
+            return True
+        error = None
+        try:
+            c.check()
+        except CheckpointSaveError as e:
+            error = e
+        if jax.process_count() > 1:
+            if all_hosts_ok(error is None):
+                return True
+            error = error or CheckpointSaveError("a checkpoint save failed on another process")
+        if error is None:
+            return True
+        self.save_failed(error)
+        return False
 
     def _healthy(self, state, metrics) -> bool:
         """Loss and parameters finite; otherwise stop, keeping the last good checkpoint."""
         loss = float(jax.device_get(metrics["loss"]))
         if np.isfinite(loss) and bool(jax.device_get(all_finite(state["params"]))):
+            self._watch(loss)
             return True
         what = f"loss is {loss}" if not np.isfinite(loss) else "parameters are not finite"
         self._abort(what)
         return False
 
+    def _watch(self, loss: float) -> None:
+        """Feeds a finite loss to the spike check (which protects the last good checkpoint
+        from retention while the loss is out of range)."""
+        if self._watched == self.s.step:  # logged and checked at a save: once
+            return
+        self._watched = self.s.step
+        message = self.spike_rule.observe(self.s, self.s.step, loss)
+        if message and self.is_main:
+            print(f"WARNING: {message}", flush=True)
+        if self.checkpointer is not None:
+            self.checkpointer.protected.unstable_since = self.s.unstable_since
+
+    def last_good(self) -> str | None:
+        """The newest checkpoint written before the current loss spike began (the newest
+        when the loss is in range), among those on disk."""
+        if self.checkpointer is None:
+            return None
+        c = self.checkpointer
+        return last_good([(step, c.step_path(step)) for step in c.steps()], self.s.unstable_since)
+
     def _abort(self, what: str) -> None:
         self.status = keys.ABORTED
-        kept = self.last_saved or "none (no checkpoint was written before it)"
-        print(
-            f"{what} at step {self.step}: stopping (mllog run_stop status aborted). "
-            f"Last good checkpoint: {kept}",
-            flush=True,
+        kept = self.last_good() or "none (no checkpoint was written before it)"
+        since = self.s.unstable_since
+        spike = f" (the loss has been out of range since step {since})" if since else ""
+        self.stop_reason = (
+            f"{what} at step {self.s.step}: stopping (mllog run_stop status aborted). "
+            f"Last good checkpoint: {kept}{spike}"
         )
+        print(self.stop_reason, flush=True)
 
     # ---- MLPerf blocks and evals ---------------------------------------------------------
     def _open_block(self) -> None:
-        meta = {keys.FIRST_EPOCH_NUM: self.samples, keys.EPOCH_COUNT: self.eval_every}
+        meta = {keys.FIRST_EPOCH_NUM: self.s.samples, keys.EPOCH_COUNT: self.eval_every}
         self.mll.start(keys.BLOCK_START, metadata=meta)
-        self.mll.start(keys.EPOCH_START, metadata={keys.EPOCH_NUM: self.samples})
-        self._block_start = self.samples
-        self.block_open = True
+        self.mll.start(keys.EPOCH_START, metadata={keys.EPOCH_NUM: self.s.samples})
+        self.s.block_start = self.s.samples
+        self.s.block_open = True
 
     def _close_block(self) -> None:
-        self.mll.end(keys.EPOCH_STOP, metadata={keys.EPOCH_NUM: self.samples})
-        self.mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self._block_start})
-        self.block_open = False
+        self.mll.end(keys.EPOCH_STOP, metadata={keys.EPOCH_NUM: self.s.samples})
+        self.mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self.s.block_start})
+        self.s.block_open = False
 
     def _evaluate(self, params) -> None:
         """Starts an eval of `params`; its metrics are taken now, or (async tasks) at the
         next eval boundary or the end of training, the same step on every host."""
-        samples = self.samples
+        samples = self.s.samples
         self.mll.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
         metrics_fn = self.evaluator.start(params)
         self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
-        self._pending_eval = (samples, self.step, metrics_fn)
+        self._pending_eval = (samples, self.s.step, metrics_fn)
         if not self.task.async_finalize:
             self._take_eval()
 
@@ -213,22 +279,22 @@ class TrainLoop:
             return
         samples, step, metrics_fn = self._pending_eval
         self._pending_eval = None
-        self.eval_metrics = metrics_fn()
-        self._evaluated_at = samples
-        value = self.eval_metrics[self.task.target_metric]
+        self.s.eval_metrics = metrics_fn()
+        self.s.evaluated_at = samples
+        value = self.s.eval_metrics[self.task.target_metric]
         self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
         self.progress.eval_done(samples, value)
-        self.summaries.eval(step, self.eval_metrics)
-        self._record({"kind": "eval", "eval_samples": samples, **self.eval_metrics})
+        self.summaries.eval(step, self.s.eval_metrics)
+        self._record({"kind": "eval", "eval_samples": samples, **self.s.eval_metrics})
         if self.is_main:
             shown = ", ".join(
                 f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                for k, v in self.eval_metrics.items()
+                for k, v in self.s.eval_metrics.items()
             )
             print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
-        if not self.reached and self.task.target_reached(self.eval_metrics):
-            self.reached = True
-            self.to_target = {
+        if not self.s.reached and self.task.target_reached(self.s.eval_metrics):
+            self.s.reached = True
+            self.s.to_target = {
                 "time_to_target_s": self.elapsed_before + time.perf_counter() - self.start,
                 "samples_to_target": samples,
                 "steps_to_target": step,
@@ -240,25 +306,43 @@ class TrainLoop:
         if not np.isfinite(last["loss"]):
             self._abort(f"loss is {last['loss']}")
             return False
-        self.last_metrics = last
-        self.progress.log(self.step, self.samples, self.last_metrics)
+        self.s.last_metrics = last
+        self._watch(last["loss"])
+        self.progress.log(self.s.step, self.s.samples, self.s.last_metrics)
         self.summaries.train(
-            self.step, self.last_metrics, self.progress.samples_per_s, self.progress.mfu
+            self.s.step, self.s.last_metrics, self.progress.samples_per_s, self.progress.mfu
         )
         self._record(
             {
                 "kind": "train",
-                **self.last_metrics,
+                **self.s.last_metrics,
                 "samples_per_s": self.progress.samples_per_s,
                 "mfu": self.progress.mfu,
             }
         )
+        self._account()
         return True
+
+    def _account(self) -> None:
+        """Books the loop time since the last call into the goodput ledger (what evals
+        and saves did not take was training) and writes the ledger (process 0)."""
+        g = self.goodput
+        now = time.perf_counter()
+        booked = g.eval_s + g.checkpoint_save_s
+        g.train_s += max(now - self._mark - (booked - self._booked), 0.0)
+        g.train_steps += self.s.step - g.last_step
+        g.last_step = self.s.step
+        self._mark, self._booked = now, booked
+        if self.is_main:
+            # Bookkeeping only: a full disk is reported by the saves.
+            with contextlib.suppress(OSError):
+                g.write(self.workdir)
 
     def _record(self, entry: dict[str, Any]) -> None:
         if self.is_main:
+            line = {"step": self.s.step, "samples": self.s.samples, **entry}
             with open(self.metrics_path, "a") as f:
-                f.write(json.dumps({"step": self.step, "samples": self.samples, **entry}) + "\n")
+                f.write(json.dumps(line) + "\n")
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self, state, key, phase_runs: list[PhaseRun]):
@@ -273,64 +357,83 @@ class TrainLoop:
                 self.preemption.close()
 
     def _run(self, state, key, phase_runs: list[PhaseRun]):
+        # Rates, ETA and the ledger count from here: the steps this process runs.
+        self.progress.begin(self.s.step, self.s.samples, self.s.model_flops)
+        self._mark, self._booked = time.perf_counter(), self.goodput.eval_s
+        self._booked += self.goodput.checkpoint_save_s
+        self.goodput.last_step = self.s.step
+        try:
+            return self._steps(state, key, phase_runs)
+        finally:
+            self._account()
+
+    def _steps(self, state, key, phase_runs: list[PhaseRun]):
         config = self.trainer.config
         partitioner = self.trainer.partitioner
         metrics = None
-        if self.initial_eval and self.step == 0:
+        if self.initial_eval and self.s.step == 0:
             self.initial_eval = False
             self._evaluate(state["params"])  # eval_accuracy at epoch_num 0
             self._take_eval()
-            if self.reached and config.train.stop_at_target:
+            if self.s.reached and config.train.stop_at_target:
                 return state
-        if not self.block_open and self.step < self.total_steps:
+        if not self.s.block_open and self.s.step < self.total_steps:
             self._open_block()
         for phase_index, pr in enumerate(phase_runs):
             # Analytic FLOPs of this phase's examples, for MFU (BERT phase 2 is longer).
             self.progress.flops_per_example = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
                 batch = partitioner.host_to_global(pr.pending, pr.layout)
-                self.profile.before_step(self.step)
+                self.profile.before_step(self.s.step)
                 state, metrics = pr.step_fn(state, batch, key)
-                self.profile.after_step(self.step, metrics)
-                self.step += 1
+                self.profile.after_step(self.s.step, metrics)
+                self.s.step += 1
                 pr.done += 1
-                self.samples += pr.phase.global_batch_size
-                last = self.step == self.total_steps
-                boundary = self.samples >= self.next_eval or last
-                preempted = self.preemption is not None and self.preemption.reached(self.step)
+                self.s.samples += pr.phase.global_batch_size
+                last = self.s.step == self.total_steps
+                boundary = self.s.samples >= self.s.next_eval or last
+                preempted = self.preemption is not None and self.preemption.reached(self.s.step)
                 save = self._save_due(boundary) or preempted
                 # The input position of the next step, taken before it is prefetched.
                 iterator_state = iterator_state_of(pr.iterator) if save else None
                 pr.pending = next(pr.iterator)  # host input overlaps the device step
-                if (self.step % config.train.log_every_steps == 0 or last) and not self._log(
-                    metrics
-                ):
+                logged = self.s.step % config.train.log_every_steps == 0 or last
+                if logged and not self._log(metrics):
+                    return state
+                # A background save that failed stops the run here (several processes
+                # agree at logged steps only: it takes a collective).
+                if (logged or jax.process_count() == 1) and not self._saves_ok():
                     return state
                 stop = False
                 if boundary:
-                    self._close_block()
-                    self._take_eval()  # an async eval still running from the last boundary
-                    stop = self.reached and config.train.stop_at_target
-                    if not stop:
-                        self._evaluate(state["params"])
-                        self.next_eval += self.eval_every
-                        stop = self.reached and config.train.stop_at_target
-                    if not stop and not last:
-                        self._open_block()
+                    with self.goodput.timing("eval_s"):
+                        self._close_block()
+                        self._take_eval()  # an async eval still running from the last one
+                        stop = self.s.reached and config.train.stop_at_target
+                        if not stop:
+                            self._evaluate(state["params"])
+                            self.s.next_eval += self.eval_every
+                            stop = self.s.reached and config.train.stop_at_target
+                        if not stop and not last:
+                            self._open_block()
                 if save and not self._save(state, key, phase_index, pr, iterator_state, metrics):
                     return state
                 if preempted:
                     self.status = "preempted"
-                    print(
-                        f"preemption notice: checkpoint {self.last_saved} written; stopping. "
-                        "Run the same command again to continue.",
-                        flush=True,
+                    what = (
+                        "Ctrl-C" if self.preemption.signal_name == "SIGINT" else "preemption notice"
                     )
+                    self.stop_reason = (
+                        f"{what}: checkpoint {self.last_saved} written; stopping. "
+                        "Run the same command again to continue."
+                    )
+                    print(self.stop_reason, flush=True)
                     return state
                 if stop:
                     return state
-        self._take_eval()
-        if not self.last_metrics and metrics is not None:
+        with self.goodput.timing("eval_s"):
+            self._take_eval()
+        if not self.s.last_metrics and metrics is not None:
             self._log(metrics)
         return state
 

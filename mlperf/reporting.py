@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -58,11 +60,19 @@ class Progress:
         self.start = time.perf_counter()
         self._last_time = self.start
         self._last_samples = 0
+        self._start_step = 0
         self.last_eval: tuple[int, float] | None = None
         self.samples_per_s = 0.0
         self.mfu: float | None = None
         # Model FLOPs done so far, summed phase by phase, for the run's mean MFU.
         self.model_flops = 0.0
+
+    def begin(self, step: int = 0, samples: int = 0, model_flops: float = 0.0) -> None:
+        """Starts the clock at the first step this process runs (a resumed run starts at
+        its checkpoint's step): rates and the ETA count only steps run since then."""
+        self.start = self._last_time = time.perf_counter()
+        self._start_step, self._last_samples = step, samples
+        self.model_flops = model_flops
 
     def log(self, step: int, samples: int, metrics: dict[str, float]) -> None:
         now = time.perf_counter()
@@ -72,7 +82,7 @@ class Progress:
         self.samples_per_s = rate
         self.mfu = self._mfu(rate)
         self._last_time, self._last_samples = now, samples
-        steps_per_s = step / max(now - self.start, 1e-9)
+        steps_per_s = (step - self._start_step) / max(now - self.start, 1e-9)
         eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
         last = (
             f"{self.metric} {self.last_eval[1]:.4f} @ {self.last_eval[0]}"
@@ -92,6 +102,11 @@ class Progress:
         if not self.peak_flops_per_s or self.flops_per_example is None:
             return None
         return samples_per_s * self.flops_per_example / self.peak_flops_per_s
+
+    def model_flops_at(self, samples: int) -> float:
+        """Model FLOPs done up to `samples` (those since the last line at this phase's rate)."""
+        pending = (samples - self._last_samples) * (self.flops_per_example or 0.0)
+        return self.model_flops + pending
 
     def eval_done(self, samples: int, value: float) -> None:
         self.last_eval = (samples, value)
@@ -116,17 +131,81 @@ class Progress:
         }
 
 
-def write_result(workdir: str, result: dict[str, Any]) -> str:
+@dataclasses.dataclass
+class RunResult(Mapping):
+    """What a run reports (result.json): outcome, speed, where it ran, what it wrote.
+
+    Reads like the dict result.json holds (`result["steps"]`) for callers that treat the
+    two alike; `final_eval` is left out when the task has none."""
+
+    benchmark: str
+    variant: str
+    steps: int
+    samples: int
+    reached_target: bool
+    target_metric: str
+    target: float
+    status: str
+    run_time_s: float
+    init_time_s: float
+    train_loss: float
+    eval: dict[str, Any]
+    mesh: dict[str, int]
+    devices: int
+    platform: str
+    processes: int
+    params: int
+    params_fingerprint: str
+    mllog: str
+    time_to_target_s: float | None = None
+    samples_to_target: int | None = None
+    steps_to_target: int | None = None
+    samples_per_s: float = 0.0
+    model_flops_per_s: float = 0.0
+    peak_flops_per_s: float | None = None
+    peak_flops_source: str = ""
+    mfu: float | None = None
+    last_mfu: float | None = None
+    resumed_from_step: int | None = None
+    last_checkpoint: str | None = None
+    # The newest checkpoint written before a loss spike began (the last one when none did).
+    last_good_checkpoint: str | None = None
+    unstable_since_step: int | None = None
+    stop_reason: str | None = None  # one line when the run stopped before its end
+    stop_signal: str | None = None  # SIGTERM / SIGINT when it stopped for one
+    # Config changes on resume: [{key, checkpoint, now, forced}] over the run's restarts.
+    config_changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
+    final_eval: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if out["final_eval"] is None:
+            del out["final_eval"]
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self.as_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+
+def write_result(workdir: str, result: RunResult | Mapping[str, Any]) -> str:
     """Writes workdir/result.json (process 0 only) and returns its path."""
     path = os.path.join(workdir, "result.json")
     if jax.process_index() == 0:
+        data = result.as_dict() if isinstance(result, RunResult) else dict(result)
         with open(path + ".tmp", "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
+            json.dump(data, f, indent=2, sort_keys=True)
         os.replace(path + ".tmp", path)
     return path
 
 
-def summary_paragraph(result: dict[str, Any]) -> str:
+def summary_paragraph(result: Mapping[str, Any]) -> str:
     """One paragraph saying whether the run reached its target, how fast, and where."""
     mesh = " x ".join(f"{k}={v}" for k, v in result["mesh"].items())
     metric, target = result["target_metric"], result["target"]
@@ -149,10 +228,26 @@ def summary_paragraph(result: dict[str, Any]) -> str:
         f"{result['platform']} devices in {result['processes']} process(es), mesh {mesh}; "
         f"final eval {json.dumps(result['eval'])}; last train loss "
         f"{result['train_loss']:.4f}{_mfu_clause(result)}. MLPerf log: {result['mllog']}."
+        f"{_goodput_clause(result)}"
     )
 
 
-def _mfu_clause(result: dict[str, Any]) -> str:
+def _goodput_clause(result: Mapping[str, Any]) -> str:
+    g = result.get("goodput") or {}
+    if not g.get("total_s"):
+        return ""
+    parts = ", ".join(
+        f"{name[:-2].replace('_', ' ')} {seconds:.1f} s"
+        for name, seconds in g.items()
+        if name.endswith("_s") and name != "total_s" and seconds >= 0.05
+    )
+    return (
+        f" Goodput: {100 * (g.get('train_fraction') or 0):.1f}% of {g['total_s']:.1f} s wall "
+        f"time trained over {g.get('attempts', 1)} attempt(s) ({parts})."
+    )
+
+
+def _mfu_clause(result: Mapping[str, Any]) -> str:
     if result.get("mfu") is None:
         return ""
     return (

@@ -8,10 +8,12 @@ write the MLPerf log, result.json and a closing summary.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -21,18 +23,29 @@ import optax
 from mlperf.checkpoint import (
     CheckpointConfig,
     Checkpointer,
+    CheckpointSaveError,
+    ConfigChange,
+    SpikeRule,
+    check_config_change,
     committed_steps,
+    free_space_needed,
+    plain_config,
     reopen_mllog,
     resume_position,
 )
+from mlperf.checkpoint.config_change import unknown_allowed_keys
+from mlperf.checkpoint.integrity import FIRST_RUN_BYTES
+from mlperf.checkpoint.resume import set_aside_previous_run
 from mlperf.evaluate import Evaluator
+from mlperf.goodput import Goodput
 from mlperf.loop import PhaseRun, TrainLoop
+from mlperf.loop_state import LoopState
 from mlperf.mllog import MlLog, keys
 from mlperf.optimizer import build_optimizer
 from mlperf.peak_flops import peak_for_devices
 from mlperf.preflight import check_hosts, data_fingerprint
 from mlperf.profiling import parse_steps
-from mlperf.reporting import params_fingerprint, summary_paragraph, write_result
+from mlperf.reporting import RunResult, params_fingerprint, summary_paragraph, write_result
 from mlperf.steps import batch_abstract, make_train_step
 from mlperf.task import Phase, Task
 from mlperf.tasks import get_task
@@ -74,6 +87,7 @@ class Trainer:
             params = self.layout.abstract_train_state["params"]
             self._pretrained = self.task.pretrained(params) or False
         return self._pretrained or None
+    data_prep_s: float = 0.0  # time build_trainer spent preparing the data
 
     def jitted_train_step(self):
         """The train step, jitted with state/batch shardings and state donation."""
@@ -146,14 +160,16 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     partitioner = build_partitioner(config, devices)
     task = get_task(config)
     phases = task.phases()
+    prepare_start = time.perf_counter()
     if prepare_data:
         layout0 = partitioner.data_layout(phases[0].global_batch_size)
         task = task.with_data(task.prepare(layout0.shard_index, layout0.shard_count))
+    data_prep_s = time.perf_counter() - prepare_start
     schedule = task.schedule()
     model = abstract_model(task.build_model, config.seed)
     tx = build_optimizer(config.optimizer, schedule, stacked_leaves(model))
     layout = build_state_layout(model, tx, partitioner)
-    return Trainer(config, task, partitioner, phases, tx, schedule, layout)
+    return Trainer(config, task, partitioner, phases, tx, schedule, layout, data_prep_s)
 
 
 def _platform_name() -> str:
@@ -161,17 +177,28 @@ def _platform_name() -> str:
     return f"{jax.device_count()}x{d.device_kind or d.platform}"
 
 
-def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
-    """Trains to the target (or the step budget) and returns the result dict.
+def run(
+    config, workdir: str, profile_steps: str = "", allow_config_change: Sequence[str] = ()
+) -> RunResult:
+    """Trains to the target (or the step budget) and returns the result.
 
     With checkpoints in the work directory (a restart with the same command) the run
-    continues from the newest readable one."""
+    continues from the newest readable one, if the config differs from the checkpoint's
+    only in keys that cannot alter the training trajectory or in `allow_config_change`."""
     init_wall = time.time()
     parse_steps(profile_steps)  # a bad --profile_steps fails before anything is built
     ckpt_cfg = CheckpointConfig.from_config(config, workdir)
-    check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None)
+    SpikeRule.from_config(config)  # so do bad checkpoint settings
+    allowed = _allowed_changes(allow_config_change, config)
     resuming = ckpt_cfg.enabled and bool(committed_steps(ckpt_cfg.directory))
+    # Room for the next checkpoint (as large as the newest one) and the logs.
+    need = free_space_needed(ckpt_cfg.directory) if ckpt_cfg.enabled else FIRST_RUN_BYTES
+    check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None, -(-need // (1 << 20)))
     is_main = jax.process_index() == 0
+    if not resuming and is_main and (moved := set_aside_previous_run(workdir)):
+        print(moved, flush=True)
+    goodput = (Goodput.read(workdir) if resuming else None) or Goodput()
+    booked_before = _init_buckets(goodput)  # earlier attempts' share
     mllog_path = os.path.join(workdir, "mllog.txt")
     # A resumed run continues the log written so far (reopened once restored).
     mll = MlLog(mllog_path, enabled=is_main and not resuming)
@@ -179,6 +206,7 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     mll.start(keys.INIT_START)
 
     trainer = build_trainer(config)
+    goodput.add("data_prep_s", trainer.data_prep_s)
     task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
     check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
     # A pretrained checkpoint that does not fit the model fails here, before compiling.
@@ -191,15 +219,27 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
     if checkpointer is not None:  # flat update views are stored in parameter shapes
         checkpointer.codec = stored_state_codec(trainer.layout, trainer.tx, partitioner)
-    restored = None
+    restored, changes = None, []
     if resuming:
-        # Before compiling: another model's checkpoint is an error right away.
-        restored = checkpointer.restore_latest(trainer.layout.abstract_train_state)
+        # Before compiling: another model's checkpoint, or a config change that alters the
+        # trajectory, is an error right away.
+        def check_meta(meta: dict[str, Any], path: str) -> None:
+            if "config" in meta:
+                changes[:] = check_config_change(
+                    meta["config"], plain_config(config), allowed, path
+                )
+
+        with goodput.timing("checkpoint_restore_s"):
+            restored = checkpointer.restore_latest(trainer.layout.abstract_train_state, check_meta)
+    resumed_state = None
     if restored is not None:
         state = restored.state
-        key_data = np.asarray(restored.meta["rng_key"], np.uint32)
+        resumed_state = LoopState.from_meta(restored.meta)
+        key_data = np.asarray(resumed_state.rng_key, np.uint32)
         key = partitioner.replicate(lambda: jax.random.wrap_key_data(key_data))
         print(f"resuming from {restored.path} (step {restored.step})", flush=True)
+        _report_changes(changes, restored, resumed_state)
+        goodput.resumed_at(restored.step)
     else:
         state = trainer.init_state()
         key = partitioner.replicate(lambda: jax.random.key(config.seed))
@@ -210,19 +250,25 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     phase_runs = []
     for i, phase in enumerate(phases):
         layout = partitioner.data_layout(phase.global_batch_size)
-        iterator = iter(
-            task.train_data(phase, layout.host_batch_size, layout.shard_index, layout.shard_count)
-        )
-        step_fn = trainer.lower_train_step(phase).compile()
+        with goodput.timing("data_prep_s"):
+            iterator = iter(
+                task.train_data(
+                    phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+                )
+            )
+        with goodput.timing("compile_s"):
+            step_fn = trainer.lower_train_step(phase).compile()
         pr = PhaseRun(phase, layout, iterator, {}, step_fn)
-        pr.done = resume_position(restored, i, phase.steps, iterator)
-        if pr.done < phase.steps:
-            pr.pending = next(iterator)
+        with goodput.timing("data_prep_s"):
+            pr.done = resume_position(restored, i, phase.steps, iterator)
+            if pr.done < phase.steps:
+                pr.pending = next(iterator)
         phase_runs.append(pr)
     eval_layout = partitioner.data_layout(config.train.eval_batch_size)
-    eval_batches = task.eval_data(
-        config.train.eval_batch_size, eval_layout.shard_index, eval_layout.shard_count
-    )
+    with goodput.timing("data_prep_s"):
+        eval_batches = task.eval_data(
+            config.train.eval_batch_size, eval_layout.shard_index, eval_layout.shard_count
+        )
     evaluator = Evaluator(
         task, trainer.layout, partitioner, eval_batches, config.train.eval_batch_size
     )
@@ -231,11 +277,16 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     peak = peak_for_devices()  # measured once on CPU: part of init, not of the run
     mll.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
+    # What init spent outside the buckets already booked for this attempt.
+    goodput.add("init_s", max(init_time - (_init_buckets(goodput) - booked_before), 0.0))
 
     if restored is None:
         mll.start(keys.RUN_START)
     else:
-        mll = reopen_mllog(mllog_path, restored.meta["mllog_bytes"], is_main)
+        mll = reopen_mllog(mllog_path, resumed_state.mllog_bytes, is_main)
+        for change in changes:
+            if not change.neutral:  # forced with --allow_config_change
+                mll.event(MLLOG_CONFIG_CHANGE, change.as_dict(), {"step": restored.step})
     loop = TrainLoop(
         trainer,
         evaluator,
@@ -243,10 +294,11 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
         is_main,
         workdir,
         checkpointer,
-        restored.meta if restored is not None else None,
+        resumed_state,
         peak_flops_per_s=peak.flops_per_s,
         profile_steps=profile_steps,
         initial_eval=pretrained is not None,
+        goodput=goodput,
     )
     if restored is not None:
         loop.last_saved = restored.path
@@ -255,51 +307,110 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
         jax.block_until_ready(state)
     finally:
         if checkpointer is not None:
-            checkpointer.close()  # every started checkpoint committed
+            with goodput.timing("checkpoint_save_s"):
+                try:
+                    checkpointer.close()  # every started checkpoint committed
+                except CheckpointSaveError as e:
+                    if loop.status != keys.ABORTED:
+                        loop.save_failed(e)
+    s = loop.s
     run_time = loop.elapsed_before + time.perf_counter() - loop.start
-    status = loop.status if loop.reached or loop.status == "preempted" else keys.ABORTED
+    status = loop.status if s.reached or loop.status == "preempted" else keys.ABORTED
+    if checkpointer is not None and checkpointer.failed and status == "preempted":
+        status = keys.ABORTED  # the preemption checkpoint was not written
     if status != "preempted":  # a preempted run's log is continued by its restart
         mll.end(keys.RUN_STOP, metadata={keys.STATUS: status})
     mll.close()
+    if is_main:
+        with contextlib.suppress(OSError):
+            goodput.write(workdir)
 
-    result = {
-        "benchmark": task.benchmark,
-        "variant": config.variant,
-        "steps": loop.step,
-        "samples": loop.samples,
-        "reached_target": loop.reached,
-        "target_metric": task.target_metric,
-        "target": task.target_value,
-        "time_to_target_s": None,
-        "samples_to_target": None,
-        "steps_to_target": None,
-        **loop.to_target,
-        "run_time_s": run_time,
-        "init_time_s": init_time,
-        **loop.progress.result_fields(run_time, loop.samples),
-        "peak_flops_source": peak.source,
-        "train_loss": loop.last_metrics.get("loss", float("nan")),
-        "eval": loop.eval_metrics,
-        "mesh": mesh_shape(partitioner.mesh),
-        "devices": jax.device_count(),
-        "platform": jax.devices()[0].platform,
-        "processes": jax.process_count(),
-        "params": param_count(trainer.layout),
-        "params_fingerprint": params_fingerprint(state["params"]),
-        "mllog": mllog_path,
-        "status": status,
-        "resumed_from_step": restored.step if restored is not None else None,
-        "last_checkpoint": loop.last_saved,
-    }
+    result = RunResult(
+        benchmark=task.benchmark,
+        variant=config.variant,
+        steps=s.step,
+        samples=s.samples,
+        reached_target=s.reached,
+        target_metric=task.target_metric,
+        target=task.target_value,
+        status=status,
+        run_time_s=run_time,
+        init_time_s=init_time,
+        train_loss=s.last_metrics.get("loss", float("nan")),
+        eval=s.eval_metrics,
+        mesh=mesh_shape(partitioner.mesh),
+        devices=jax.device_count(),
+        platform=jax.devices()[0].platform,
+        processes=jax.process_count(),
+        params=param_count(trainer.layout),
+        params_fingerprint=params_fingerprint(state["params"]),
+        mllog=mllog_path,
+        **s.to_target,
+        **loop.progress.result_fields(run_time, s.samples),
+        peak_flops_source=peak.source,
+        resumed_from_step=restored.step if restored is not None else None,
+        last_checkpoint=loop.last_saved,
+        last_good_checkpoint=loop.last_good(),
+        unstable_since_step=s.unstable_since,
+        stop_reason=loop.stop_reason,
+        stop_signal=loop.preemption.signal_name if status == "preempted" else None,
+        config_changes=s.forced_config_changes
+        + [{**c.as_dict(), "forced": False} for c in changes if c.neutral],
+        goodput=goodput.as_dict(),
+    )
     if loop.status == keys.SUCCESS:
         # After run_stop, so outside the timed run: e.g. BLEU on whole test sets, where
         # the in-loop eval decodes a subset.
-        final_eval = task.final_eval(state["params"], trainer.layout, partitioner)
-        if final_eval:
-            result["final_eval"] = final_eval
+        result.final_eval = task.final_eval(state["params"], trainer.layout, partitioner) or None
     write_result(workdir, result)
     if is_main:
         print(summary_paragraph(result), flush=True)
-        if result.get("final_eval"):
-            print(f"final eval after training: {json.dumps(result['final_eval'])}", flush=True)
+        if result.final_eval:
+            print(f"final eval after training: {json.dumps(result.final_eval)}", flush=True)
     return result
+
+
+def _init_buckets(goodput: Goodput) -> float:
+    return goodput.data_prep_s + goodput.compile_s + goodput.checkpoint_restore_s
+
+
+# The MLPerf log key of a config change forced on resume (--allow_config_change).
+MLLOG_CONFIG_CHANGE = "multipod_config_change"
+
+
+def _allowed_changes(keys_: Sequence[str], config) -> set[str]:
+    """--allow_config_change keys, each one a key of this config (a typo is an error)."""
+    allowed = {k.strip() for k in keys_ if k.strip()}
+    unknown = unknown_allowed_keys(allowed, plain_config(config))
+    if unknown:
+        raise ValueError(
+            f"--allow_config_change names {', '.join(unknown)}, not a key of this config; "
+            "give dotted keys such as optimizer.learning_rate."
+        )
+    return allowed
+
+
+def _report_changes(changes: list[ConfigChange], restored, resumed: LoopState) -> None:
+    """One line for the changes that cannot alter the trajectory, one for forced ones;
+    forced ones are added to the run's record (saved with its later checkpoints)."""
+    neutral = [c for c in changes if c.neutral]
+    forced = [c for c in changes if not c.neutral]
+    if restored.meta.get("process_count", jax.process_count()) != jax.process_count():
+        print(
+            f"resuming with {jax.process_count()} process(es); the checkpoint was written by "
+            f"{restored.meta['process_count']} (resharded)",
+            flush=True,
+        )
+    if neutral:
+        shown = "; ".join(c.describe() for c in neutral)
+        print(f"config changes that cannot alter the training trajectory: {shown}", flush=True)
+    if forced:
+        shown = "; ".join(c.describe() for c in forced)
+        print(
+            f"WARNING: continuing with config changes that alter the training trajectory "
+            f"(--allow_config_change): {shown}; recorded in the MLPerf log and result.json.",
+            flush=True,
+        )
+        resumed.forced_config_changes.extend(
+            {**c.as_dict(), "forced": True, "step": restored.step} for c in forced
+        )

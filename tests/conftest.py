@@ -20,6 +20,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from mlperf.checkpoint import configure_checkpointing  # noqa: E402
+
+configure_checkpointing()  # as launch.train does at program start
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get("MULTIPOD_DATA_DIR", os.path.join(REPO, "..", "shared", "data"))
 

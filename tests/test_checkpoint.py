@@ -284,7 +284,9 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(reference, tmp_p
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp_path, capsys):
     workdir = _copy_until(reference, tmp_path / "nan", 4)
     # A NaN learning rate from step 5 on: the first update makes every parameter NaN.
-    result = run(_config(**{"optimizer.learning_rate": float("nan")}), str(workdir))
+    config = _config(**{"optimizer.learning_rate": float("nan")})
+    # A trajectory-altering change: a resume refuses it unless it is named.
+    result = run(config, str(workdir), allow_config_change=["optimizer.learning_rate"])
     out = capsys.readouterr().out
     good = workdir / "checkpoints" / "4"
     assert result["status"] == "aborted" and result["steps"] == 6

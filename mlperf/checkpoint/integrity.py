@@ -127,3 +127,28 @@ def checkpoint_metadata(directory: str, step: int = -1, workdir: str = "") -> tu
         raise ValueError(f"no checkpoint for step {step} in {directory}; there are {steps}")
     with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
         return step, json.load(f)
+
+
+# Room kept free for logs, metrics and TensorBoard events beyond the next checkpoint.
+LOG_ROOM_BYTES = 16 << 20
+# Needed before the first checkpoint, whose size is not known yet.
+FIRST_RUN_BYTES = 64 << 20
+
+
+def directory_bytes(path: str) -> int:
+    """Bytes of every file under `path`."""
+    return sum(
+        os.path.getsize(os.path.join(root, name))
+        for root, _, files in os.walk(path)
+        for name in files
+    )
+
+
+def free_space_needed(directory: str) -> int:
+    """Free bytes a run needs to start: the next checkpoint (as large as the newest one in
+    `directory`; older ones are deleted only after it is committed) plus room for logs;
+    a fixed 64 MiB before there is any checkpoint."""
+    steps = committed_steps(directory)
+    if not steps:
+        return FIRST_RUN_BYTES
+    return directory_bytes(os.path.join(directory, str(steps[-1]))) + LOG_ROOM_BYTES

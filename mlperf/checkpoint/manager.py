@@ -14,10 +14,14 @@ each host reads only the shards its devices hold.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
-import logging as pylogging
 import os
+import re
+import shutil
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grain.checkpoint as grain_ckpt
@@ -26,24 +30,34 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
-from orbax.checkpoint._src.checkpoint_managers import preservation_policy as pp
-from orbax.checkpoint._src.metadata import array_metadata_store
 
 from mlperf.checkpoint.integrity import (
     CheckpointMismatchError,
     check_compatible,
+    committed_steps,
+    directory_bytes,
     incomplete_reason,
     leaf_shapes,
     write_manifest,
 )
-from mlperf.checkpoint.resume import FrozenIteratorState
+from mlperf.checkpoint.iterator_state import FrozenIteratorState
 
 PyTree = Any
+# Called with a checkpoint's metadata and path before its arrays are read; raises
+# CheckpointMismatchError (or a subclass) to refuse it.
+MetaCheck = Callable[[dict[str, Any], str], None]
 ITEMS = ("state", "meta", "data")
+
+
+pp = ocp.checkpoint_managers
 
 
 class NoUsableCheckpointError(ValueError):
     """Checkpoints exist but none of them can be read."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (disk full, directory unwritable, ...)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +71,12 @@ class CheckpointConfig:
     at_eval: bool = True
     async_save: bool = True
     enabled: bool = True
+
+    def __post_init__(self):
+        for key, low in (("keep", 1), ("keep_best", 0), ("every_steps", 0)):
+            if getattr(self, key) < low:
+                why = " (checkpoint.enabled=False writes none)" if key == "keep" else ""
+                raise ValueError(f"checkpoint.{key}={getattr(self, key)}: must be >= {low}{why}")
 
     @classmethod
     def from_config(cls, config, workdir: str) -> CheckpointConfig:
@@ -92,31 +112,61 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in checkpoint metadata")
 
 
-def _write_each_shard_whole() -> None:
-    """One process: orbax writes each shard once, whole, instead of splitting replicated
-    shards across their replicas ("replica-parallel", its default).
-
-    Splitting lets every host of a pod write a share of the replicated arrays; with one
-    process every replica is on this host, so it only adds a slice op per replica and shard
-    to each save (measured on the wikitext BERT state, 9.6M parameters, 2 loaded cores:
-    save() blocked the loop 29-58 s the first time, compiling ~120 slice programs, and 2-4 s
-    at every later save). Several processes keep orbax's default."""
-    if jax.process_count() == 1:
-        ocp.type_handlers.register_type_handler(
-            jax.Array,
-            ocp.type_handlers.ArrayHandler(
-                use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()
-            ),
-            override=True,
-        )
-
-
-def _all_hosts_ok(ok: bool) -> bool:
+def all_hosts_ok(ok: bool) -> bool:
     """True when `ok` holds on every process (every host must pick the same checkpoint)."""
     if jax.process_count() == 1:
         return ok
     flags = multihost_utils.process_allgather(np.asarray([int(ok)], np.int32))
     return bool(np.all(flags))
+
+
+class ProtectedSteps:
+    """An orbax preservation policy: keeps the newest checkpoint that has an eval result
+    and the newest one written before `unstable_since` (the step a loss spike began)."""
+
+    def __init__(self):
+        self.unstable_since: int | None = None
+
+    def should_preserve(self, checkpoints: Sequence, *, context=None) -> list[bool]:
+        keep = set()
+        evaluated = [c.step for c in checkpoints if c.metrics is not None]
+        if evaluated:
+            keep.add(max(evaluated))
+        if self.unstable_since is not None:
+            before = [c.step for c in checkpoints if c.step < self.unstable_since]
+            if before:
+                keep.add(max(before))
+        return [c.step in keep for c in checkpoints]
+
+
+def save_failure(error: BaseException, path: str) -> str:
+    """One line naming the checkpoint path and the operating-system error behind a failed
+    save (orbax and tensorstore wrap it; the errno is found in the chain or the text)."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            where = seen.filename or path
+            return (
+                f"writing checkpoint {where} failed: [Errno {seen.errno}] "
+                f"{seen.strerror or os.strerror(seen.errno)} "
+                f"({errno.errorcode.get(seen.errno, '?')})"
+            )
+        seen = seen.__cause__ or seen.__context__
+    text = " ".join(str(error).split())
+    number = re.search(r"\[?errno\s*[=:]?\s*(\d+)", text, re.IGNORECASE)
+    if number:
+        code = int(number.group(1))
+        return (
+            f"writing checkpoint {path} failed: [Errno {code}] {os.strerror(code)} "
+            f"({errno.errorcode.get(code, '?')})"
+        )
+    for code in (errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EPERM, errno.EDQUOT):
+        if os.strerror(code).lower() in text.lower():
+            return (
+                f"writing checkpoint {path} failed: [Errno {code}] {os.strerror(code)} "
+                f"({errno.errorcode[code]})"
+            )
+    return f"writing checkpoint {path} failed: {type(error).__name__}: {text[:300]}"
 
 
 class Checkpointer:
@@ -133,7 +183,10 @@ class Checkpointer:
         self.best_metric = best_metric
         # mlperf.train_state.StoredStateCodec: optimizer leaves stored in parameter shapes.
         self.codec = None
-        policies: list[pp.PreservationPolicy] = [pp.LatestN(n=max(cfg.keep, 1))]
+        # Never deleted: the newest `keep`, the `keep_best` best, the newest with an eval
+        # result and the newest written before a loss spike began (stability.py).
+        self.protected = ProtectedSteps()
+        policies: list = [pp.LatestN(n=cfg.keep), self.protected]
         if cfg.keep_best > 0:
             policies.append(
                 pp.BestN(
@@ -151,19 +204,16 @@ class Checkpointer:
             cleanup_tmp_directories=not read_only,
             read_only=read_only,
         )
-        _write_each_shard_whole()
         handlers = {
             "state": ocp.StandardCheckpointHandler(),
             "meta": ocp.JsonCheckpointHandler(),
             "data": grain_ckpt.CheckpointHandler(),
         }
-        # orbax logs its creation, every save and deletion at INFO through absl; keep the
-        # run's output clean (set before the manager exists: it logs on creation).
-        pylogging.getLogger("absl").setLevel(pylogging.WARNING)
         self.manager = ocp.CheckpointManager(
             cfg.directory, item_names=ITEMS, item_handlers=handlers, options=options
         )
         self._unlisted: int | None = None  # committed (or committing) without a manifest
+        self.failed: str | None = None  # why a save failed (then no more are attempted)
 
     def steps(self) -> list[int]:
         """Committed checkpoint steps, oldest first."""
@@ -181,7 +231,8 @@ class Checkpointer:
         metrics: dict[str, float] | None = None,
     ) -> None:
         """Starts writing a checkpoint of `state` at `step` (returns once the arrays are
-        copied off the devices; the files are written in the background)."""
+        copied off the devices; the files are written in the background). Raises
+        CheckpointSaveError when this or the previous save failed."""
         self.wait()  # orbax would wait for the previous save here anyway
         # No private copy of the state is needed on CPU, where orbax's host copy of an array
         # is a zero-copy view of its device buffer: while such a view exists JAX does not
@@ -194,34 +245,96 @@ class Checkpointer:
         best = None
         if metrics is not None and self.best_metric in metrics:
             best = {self.best_metric: float(metrics[self.best_metric])}
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                meta=ocp.args.JsonSave(meta),
-                data=grain_ckpt.CheckpointSave(FrozenIteratorState(iterator_state)),
-            ),
-            metrics=best,
-            force=True,
-        )
         self._unlisted = step
+        with self._failures():
+            self._check_room(step)
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    meta=ocp.args.JsonSave(meta),
+                    data=grain_ckpt.CheckpointSave(FrozenIteratorState(iterator_state)),
+                ),
+                metrics=best,
+                force=True,
+            )
+
+    def _check_room(self, step: int) -> None:
+        """Raises OSError (with errno) unless the directory takes a file and has room for
+        a checkpoint as large as the newest one. Checked before orbax starts: it creates
+        the step directory in a background thread, and a failure there surfaces only as a
+        timeout minutes later."""
+        directory, path = self.cfg.directory, self.step_path(step)
+        probe = os.path.join(directory, f".write_probe_{jax.process_index()}_{os.getpid()}")
+        try:
+            with open(probe, "wb") as f:
+                f.write(b"\0" * 4096)
+                f.flush()
+                os.fsync(f.fileno())
+            os.remove(probe)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, path) from e
+        committed = [s for s in committed_steps(directory) if s != step]
+        need = directory_bytes(self.step_path(committed[-1])) if committed else 0
+        free = shutil.disk_usage(directory).free
+        if free < need:
+            raise OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)}: {free >> 20} MiB free, the last checkpoint "
+                f"took {need >> 20} MiB",
+                path,
+            )
+
+    @contextlib.contextmanager
+    def _failures(self):
+        """Turns any error of a save in flight into CheckpointSaveError (one line)."""
+        try:
+            yield
+        except CheckpointSaveError:
+            raise
+        except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+            step = self._unlisted
+            self._unlisted = None
+            path = self.step_path(step) if step is not None else self.cfg.directory
+            self.failed = save_failure(e, path)
+            raise CheckpointSaveError(self.failed) from e
+
+    def check(self) -> None:
+        """Raises CheckpointSaveError if a background save has failed (does not block)."""
+        if self._unlisted is not None and self.failed is None:
+            with self._failures():
+                self.manager.check_for_errors()
 
     def wait(self) -> None:
         """Blocks until every started checkpoint is committed, then writes its manifest."""
-        self.manager.wait_until_finished()
-        if self._unlisted is not None:
-            step, self._unlisted = self._unlisted, None
-            if jax.process_index() == 0 and step in self.manager.all_steps():
-                write_manifest(self.step_path(step))
+        if self.failed is not None:
+            return
+        with self._failures():
+            self.manager.wait_until_finished()
+            if self._unlisted is not None:
+                step = self._unlisted
+                if jax.process_index() == 0 and step in self.manager.all_steps():
+                    write_manifest(self.step_path(step))
+                self._unlisted = None
 
     def close(self) -> None:
-        self.wait()
-        self.manager.close()
+        """Waits for the save in flight and closes the manager; after a failed save it
+        only closes (the failure has been reported)."""
+        try:
+            self.wait()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:  # noqa: BLE001
+                if self.failed is None:
+                    raise
 
-    def restore_step(self, step: int, abstract_state: PyTree) -> Restored:
+    def restore_step(
+        self, step: int, abstract_state: PyTree, check_meta: MetaCheck | None = None
+    ) -> Restored:
         """Checkpoint `step` restored into `abstract_state`'s shapes and shardings; raises
         OSError (or orbax's error) when it is incomplete, CheckpointMismatchError when it
-        belongs to another model."""
+        belongs to another model or `check_meta(meta, path)` refuses it."""
         path = self.step_path(step)
         reason = incomplete_reason(path)
         if reason:
@@ -232,6 +345,8 @@ class Checkpointer:
         # Before reading any array: another model's checkpoint is an error, not a fallback.
         stored = abstract_state if self.codec is None else self.codec.abstract
         check_compatible(meta["shapes"], leaf_shapes(stored), path)
+        if check_meta is not None:
+            check_meta(meta, path)
         state = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(stored))
         )["state"]
@@ -265,20 +380,22 @@ class Checkpointer:
                 multihost_utils.sync_global_devices("multipod_checkpoint_set_aside")
             self.manager.reload()
 
-    def restore_latest(self, abstract_state: PyTree) -> Restored | None:
+    def restore_latest(
+        self, abstract_state: PyTree, check_meta: MetaCheck | None = None
+    ) -> Restored | None:
         """The newest readable checkpoint restored into `abstract_state`'s shardings, or None
         when there is none. Unreadable ones are skipped with a warning naming them."""
         steps = self.steps()
         failures = []
         for step in reversed(steps):
             try:
-                restored = self.restore_step(step, abstract_state)
+                restored = self.restore_step(step, abstract_state, check_meta)
                 ok, error = True, None
             except CheckpointMismatchError:
                 raise
             except Exception as e:  # noqa: BLE001 - any read error means "not usable"
                 ok, error, restored = False, e, None
-            if _all_hosts_ok(ok):
+            if all_hosts_ok(ok):
                 self._set_aside(failures)
                 return restored
             message = (

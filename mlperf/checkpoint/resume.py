@@ -1,8 +1,7 @@
 """Where a resumed run picks up: the input iterator's position and the MLPerf log.
 
-The loop prefetches one batch ahead, so the iterator state saved with a checkpoint is the
-one taken before the next batch was read; an iterator without checkpointable state (or a
-checkpoint from another process count) is moved on by skipping the batches already taken.
+An iterator without checkpointable state (or a checkpoint from another process count) is
+moved on by skipping the batches already taken.
 """
 
 from __future__ import annotations
@@ -17,33 +16,6 @@ from mlperf.mllog import MlLog
 
 if TYPE_CHECKING:
     from mlperf.checkpoint.manager import Restored
-
-
-def iterator_state_of(iterator) -> bytes | None:
-    """The grain iterator's checkpointable state; None for an iterator without one (its
-    position is then restored by skipping the batches already taken)."""
-    get_state = getattr(iterator, "get_state", None)
-    if get_state is None:
-        return None
-    state = get_state()
-    return state if isinstance(state, bytes) else json.dumps(state).encode()
-
-
-class FrozenIteratorState:
-    """An iterator stand-in for grain's checkpoint handler: it holds the state captured
-    when the batch after the checkpointed step was still unread."""
-
-    def __init__(self, state: bytes | None = None):
-        self.state = state
-
-    def get_state(self) -> bytes:
-        return b"null" if self.state is None else self.state
-
-    def set_state(self, state: bytes) -> None:
-        self.state = state
-
-    def start_prefetch(self) -> None:  # grain's handler calls this after set_state
-        pass
 
 
 def resume_position(restored: Restored | None, phase_index: int, phase_steps: int, iterator) -> int:
@@ -82,3 +54,27 @@ def reopen_mllog(path: str, size: int, enabled: bool) -> MlLog:
         else:
             os.truncate(path, size)
     return MlLog(path, enabled=enabled, append=True)
+
+
+# What a run writes into its work directory besides checkpoints.
+RUN_FILES = ("mllog.txt", "metrics.jsonl", "result.json", "goodput.json", "tensorboard")
+
+
+def set_aside_previous_run(workdir: str) -> str | None:
+    """A run starting from scratch in a work directory that holds another run's logs (its
+    checkpoints were deleted or disabled) moves them into WORKDIR/previous_run_<n>/ instead
+    of overwriting them; returns the one line saying so (None: nothing to move)."""
+    present = [name for name in RUN_FILES if os.path.exists(os.path.join(workdir, name))]
+    if not present:
+        return None
+    n = 1
+    while os.path.exists(os.path.join(workdir, f"previous_run_{n}")):
+        n += 1
+    target = os.path.join(workdir, f"previous_run_{n}")
+    os.makedirs(target)
+    for name in present:
+        os.rename(os.path.join(workdir, name), os.path.join(target, name))
+    return (
+        f"{workdir} holds the logs of an earlier run but no checkpoint to continue it: "
+        f"moved {', '.join(present)} to {target} and starting from step 0."
+    )

@@ -1,0 +1,57 @@
+"""Process-wide settings for checkpointing, made once at program start (from launch/).
+
+They change global state (orbax's type-handler registry, the absl logger), so they are
+not made by a library constructor: `launch.train` (and the tests' conftest) call
+`configure_checkpointing()` once, after `jax.distributed` is set up.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class _OrbaxSaveTracebacks(logging.Filter):
+    """Drops the tracebacks orbax logs when a background save fails: the same error is
+    raised to the checkpointer, which stops the run with one line naming path and errno."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from_orbax = f"orbax{os.sep}checkpoint" in record.pathname
+        return not (from_orbax and record.exc_info and record.levelno >= logging.ERROR)
+
+
+def configure_checkpointing() -> None:
+    """Quiet orbax's logging and, with one process, write each shard whole.
+
+    orbax logs its creation, every save and every deletion at INFO through absl, and a
+    failed background save as a traceback; the run's own lines say what happened.
+
+    With one process orbax writes each shard once, whole, instead of splitting replicated
+    shards across their replicas ("replica-parallel", its default): splitting lets every
+    host of a pod write a share of the replicated arrays, but with one process every
+    replica is on this host, so it only adds a slice op per replica and shard to each save
+    (measured on the wikitext BERT state, 9.6M parameters, 2 loaded cores: save() blocked
+    the loop 29-58 s the first time, compiling ~120 slice programs, and 2-4 s at every later
+    save). Several processes keep orbax's default. The registered handler's array-metadata
+    store is kept (orbax exposes no public constructor for it)."""
+    absl_logger = logging.getLogger("absl")
+    absl_logger.setLevel(logging.WARNING)
+    if not any(isinstance(f, _OrbaxSaveTracebacks) for f in absl_logger.filters):
+        absl_logger.addFilter(_OrbaxSaveTracebacks())
+    if jax.process_count() == 1:
+        current = ocp.type_handlers.get_type_handler(jax.Array)
+        absl_logger.setLevel(logging.ERROR)  # orbax warns that it overrides a handler
+        try:
+            ocp.type_handlers.register_type_handler(
+                jax.Array,
+                ocp.type_handlers.ArrayHandler(
+                    use_replica_parallel=False,
+                    array_metadata_store=getattr(current, "_array_metadata_store", None),
+                ),
+                override=True,
+            )
+        finally:
+            absl_logger.setLevel(logging.WARNING)

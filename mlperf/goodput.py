@@ -1,0 +1,104 @@
+"""The goodput ledger: where a run's wall time went, summed over its restarts.
+
+Each attempt of a run (the first start and every resume with the same command) adds its
+seconds to the buckets below; `WORKDIR/goodput.json` holds the sums so far and is
+rewritten at every logged step, so a killed attempt loses at most the time since its last
+progress line. A resume moves the time the previous attempt spent on steps after the
+restored checkpoint (they are trained again) from `train_s` to `restart_lost_s`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+FILE = "goodput.json"
+BUCKETS = (
+    "init_s",  # set-up other than the buckets below (mesh, state init, peak measurement)
+    "data_prep_s",  # preparing the data and building the input iterators
+    "compile_s",  # lowering and compiling the train steps
+    "checkpoint_restore_s",
+    "train_s",  # train steps (host input and progress lines included)
+    "eval_s",
+    "checkpoint_save_s",  # the part of saves that blocks training (the rest overlaps)
+    "restart_lost_s",  # steps trained by an earlier attempt after its last checkpoint
+)
+
+
+@dataclasses.dataclass
+class Goodput:
+    """Seconds per bucket, summed over the run's attempts (see the module docstring)."""
+
+    init_s: float = 0.0
+    data_prep_s: float = 0.0
+    compile_s: float = 0.0
+    checkpoint_restore_s: float = 0.0
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    checkpoint_save_s: float = 0.0
+    restart_lost_s: float = 0.0
+    attempts: int = 1
+    train_steps: int = 0  # steps trained over all attempts (redone ones counted twice)
+    last_step: int = 0  # the step the latest attempt had reached when last written
+
+    @property
+    def total_s(self) -> float:
+        return sum(getattr(self, name) for name in BUCKETS)
+
+    def add(self, bucket: str, seconds: float) -> None:
+        setattr(self, bucket, getattr(self, bucket) + seconds)
+
+    @contextmanager
+    def timing(self, bucket: str) -> Iterator[None]:
+        """Adds the wall time of the `with` block to `bucket`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(bucket, time.perf_counter() - start)
+
+    def resumed_at(self, step: int) -> None:
+        """A new attempt resuming from the checkpoint at `step`: the earlier attempt's
+        steps after it count as lost (at that attempt's mean step time)."""
+        redone = max(self.last_step - step, 0)
+        if redone and self.train_steps:
+            lost = min(self.train_s, redone * self.train_s / self.train_steps)
+            self.train_s -= lost
+            self.restart_lost_s += lost
+        self.attempts += 1
+        self.last_step = step
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ledger for result.json: buckets, total and the fraction spent training."""
+        total = self.total_s
+        out: dict[str, Any] = {name: round(getattr(self, name), 3) for name in BUCKETS}
+        out.update(
+            total_s=round(total, 3),
+            train_fraction=round(self.train_s / total, 4) if total > 0 else None,
+            attempts=self.attempts,
+        )
+        return out
+
+    def write(self, workdir: str) -> None:
+        """Writes WORKDIR/goodput.json atomically (call on process 0 only)."""
+        path = os.path.join(workdir, FILE)
+        with open(path + ".tmp", "w") as f:
+            json.dump(dataclasses.asdict(self), f, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
+
+    @classmethod
+    def read(cls, workdir: str) -> Goodput | None:
+        """The ledger of the run's earlier attempts; None when there is none (or it cannot
+        be read: it is bookkeeping, never a reason to stop a run)."""
+        try:
+            with open(os.path.join(workdir, FILE)) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return None
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in saved.items() if k in names})
