@@ -30,12 +30,25 @@ if TYPE_CHECKING:
     from mlperf.train import Trainer
 
 
-def eval_interval(config, phases: list[Phase]) -> int:
+def eval_schedule(config, phases: list[Phase], task: Any = None) -> tuple[int, int]:
+    """(samples at the first eval, samples between evals).
+
+    train.eval_every_samples > 0: every that many samples; 0: ten evals over the run;
+    -1: the MLPerf rules of the task's round (a task with `rules_eval_schedule`)."""
     every = config.train.eval_every_samples
+    if every < 0:
+        rules = getattr(task, "rules_eval_schedule", None)
+        if rules is None:
+            raise ValueError(
+                "train.eval_every_samples=-1 (the MLPerf rules' schedule) is defined for "
+                "BERT only; give a sample count"
+            )
+        return rules(phases)
     if every > 0:
-        return every
+        return every, every
     total = sum(p.steps * p.global_batch_size for p in phases)
-    return max(total // 10, phases[0].global_batch_size)
+    every = max(total // 10, phases[0].global_batch_size)
+    return every, every
 
 
 @dataclasses.dataclass
@@ -75,7 +88,7 @@ class TrainLoop:
         self.task = trainer.task
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
-        self.eval_every = eval_interval(trainer.config, phases)
+        first_eval, self.eval_every = eval_schedule(trainer.config, phases, self.task)
         self.progress = Progress(
             self.total_steps,
             self.task.target_metric,
@@ -83,7 +96,7 @@ class TrainLoop:
             peak_flops_per_s=peak_flops_per_s,
         )
         self.step = self.samples = 0
-        self.next_eval = self.eval_every
+        self.next_eval = first_eval
         self.eval_metrics: dict[str, float] = {}
         self.last_metrics: dict[str, float] = {}
         self.reached = False
@@ -304,7 +317,8 @@ class TrainLoop:
                     stop = self.reached and config.train.stop_at_target
                     if not stop:
                         self._evaluate(state["params"])
-                        self.next_eval += self.eval_every
+                        while self.next_eval <= self.samples:  # one eval per boundary
+                            self.next_eval += self.eval_every
                         stop = self.reached and config.train.stop_at_target
                     if not stop and not last:
                         self._open_block()
