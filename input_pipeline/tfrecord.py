@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -55,8 +56,12 @@ def write_records(path: str, payloads: Sequence[bytes]) -> None:
 
 
 def _read_header(f, path: str, offset: int, file_size: int) -> int:
-    """The data length of the record at offset (length CRC checked)."""
-    header = f.read(_HEADER.size)
+    """The data length of the record at offset, read from f at its position."""
+    return _parse_header(f.read(_HEADER.size), path, offset, file_size)
+
+
+def _parse_header(header: bytes, path: str, offset: int, file_size: int) -> int:
+    """The data length in a record header (length CRC checked)."""
     if len(header) < _HEADER.size:
         raise TFRecordError(
             f"{path}: truncated record header at byte offset {offset} "
@@ -158,14 +163,17 @@ class TFRecordSource:
         self._parse = parse
         n = len(self.files)
         offsets: list[np.ndarray | None] = [None] * n
+        self._sizes = [os.path.getsize(p) for p in self.files]
         for k in range(n):
             i = (first_file + k) % n
-            offsets[i] = cached_index(self.files[i], cache_dir)
+            index = cached_index(self.files[i], cache_dir)
+            # 4 bytes a record where the file allows (hundreds of millions of records).
+            offsets[i] = index.astype(np.uint32) if self._sizes[i] < 2**32 else index
         self._offsets = offsets
-        self._sizes = [os.path.getsize(p) for p in self.files]
         counts = np.asarray([len(o) for o in offsets], np.int64)
         self._starts = np.concatenate([[0], np.cumsum(counts)])
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, int] = {}  # file number -> descriptor
+        self._open_lock = threading.Lock()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -176,7 +184,12 @@ class TFRecordSource:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_handles"] = {}
+        del state["_open_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_lock = threading.Lock()
 
     def locate(self, index: int) -> tuple[int, int]:
         """(file number, byte offset) of global record index."""
@@ -186,16 +199,19 @@ class TFRecordSource:
         return file_no, int(self._offsets[file_no][index - self._starts[file_no]])
 
     def read(self, index: int) -> bytes:
-        """The raw data of global record index (data CRC checked)."""
+        """The raw data of global record index (data CRC checked). Thread safe: positioned
+        reads (pread) on one descriptor per file, no shared file position."""
         file_no, offset = self.locate(index)
-        f = self._handles.get(file_no)
-        if f is None:
-            # Kept open across reads (closed by close()); one handle per file and process.
-            f = self._handles[file_no] = open(self.files[file_no], "rb", buffering=0)  # noqa: SIM115
+        fd = self._handles.get(file_no)
+        if fd is None:
+            with self._open_lock:
+                fd = self._handles.get(file_no)
+                if fd is None:
+                    fd = self._handles[file_no] = os.open(self.files[file_no], os.O_RDONLY)
         path = self.files[file_no]
-        f.seek(offset)
-        length = _read_header(f, path, offset, self._sizes[file_no])
-        blob = f.read(length + _FOOTER.size)
+        header = os.pread(fd, _HEADER.size, offset)
+        length = _parse_header(header, path, offset, self._sizes[file_no])
+        blob = os.pread(fd, length + _FOOTER.size, offset + _HEADER.size)
         _check_data(path, offset, blob[:length], blob[length:], length)
         return blob[:length]
 
@@ -204,6 +220,6 @@ class TFRecordSource:
         return self._parse(self.read(int(index)), f"{self.files[file_no]} at byte offset {offset}")
 
     def close(self) -> None:
-        for f in self._handles.values():
-            f.close()
+        for fd in self._handles.values():
+            os.close(fd)
         self._handles.clear()
