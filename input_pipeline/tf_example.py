@@ -16,6 +16,7 @@ varints are decoded with numpy, a whole list at once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -161,7 +162,7 @@ def parse_features(
     for name, (shape, dtype) in spec.items():
         dtype = np.dtype(dtype)
         want_kind = FLOAT if dtype.kind == "f" else INT64
-        want = f"{want_kind} of {int(np.prod(shape, dtype=np.int64))} values"
+        want = f"{want_kind} of {math.prod(shape)} values"
         if name not in features:
             raise ExampleError(
                 f"{where}: feature {name!r} missing (expected {want}); the record has "
@@ -170,7 +171,7 @@ def parse_features(
         kind, values = features[name]
         if kind != want_kind:
             raise ExampleError(f"{where}: feature {name!r} is a {kind}, expected {want}")
-        if values.size != int(np.prod(shape, dtype=np.int64)):
+        if values.size != math.prod(shape):
             raise ExampleError(
                 f"{where}: feature {name!r} has {values.size} values, expected {want}"
             )
