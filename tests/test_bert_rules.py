@@ -32,12 +32,14 @@ def test_eval_schedules():
 
 def test_the_round_sets_the_default_target_and_an_explicit_one_wins():
     c = get_config("mlperf_v07")
-    assert c.train.target == 0.0 and BertTask(c).target_value == 0.712
+    assert c.train.target == -1.0 and BertTask(c).target_value == 0.712
     c.mlperf.round = "1.0"
     assert BertTask(c).target_value == 0.720
     c.train.target = 0.75
     assert BertTask(c).target_value == 0.75
     assert BertTask(get_config("tiny")).target_value == 0.125
+    c.train.target = 0.0  # a target of 0 is reached at the first eval
+    assert BertTask(c).target_value == 0.0
 
 
 def test_reference_variants_evaluate_on_the_rules_schedule():

@@ -37,8 +37,9 @@ class BertTask:
         self.config = config
         self.mlperf_round = str(config.get("mlperf", {}).get("round", "0.7"))
         round_target = rules.round_target(self.mlperf_round)  # checks the round
-        # train.target 0: the round's target (0.712 in v0.7, 0.720 from v1.0 on).
-        self.target_value = float(config.train.target) or round_target
+        # train.target < 0: the round's target (0.712 in v0.7, 0.720 from v1.0 on).
+        target = float(config.train.target)
+        self.target_value = round_target if target < 0 else target
         self._data: dict[tuple, BertData] = {}
         self._vocab_size: int | None = None
 
