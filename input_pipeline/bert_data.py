@@ -25,6 +25,7 @@ from absl import logging
 
 from input_pipeline import (
     bert_tfds,
+    bert_tfrecord,
     documents,
     grain_pipeline,
     pretraining_examples,
@@ -142,18 +143,58 @@ def _vocab_file(data_cfg, train_files: tuple[str, ...], cache_dir: str) -> str:
     return path
 
 
+def _tfrecord_data(
+    data_cfg,
+    seq_length: int,
+    max_predictions: int,
+    shard_index: int,
+    shard_count: int,
+    cache_dir: str,
+) -> BertData:
+    """BertData over the MLPerf reference's preprocessed TFRecords (read in place)."""
+    train, evals, vocab_size = bert_tfrecord.tfrecord_sources(
+        data_cfg, seq_length, max_predictions, shard_index, shard_count, cache_dir
+    )
+    num_eval = len(evals)
+    if data_cfg.max_eval_examples:
+        num_eval = min(num_eval, int(data_cfg.max_eval_examples))
+    spec = pretraining_examples.feature_spec(seq_length, max_predictions)
+    data = BertData(
+        vocab_size=vocab_size,
+        num_train_examples=len(train),
+        num_eval_examples=num_eval,
+        train_source=train,
+        eval_source=evals,
+        dtypes={name: dtype for name, (_, dtype) in spec.items()},
+        shard_index=shard_index,
+        shard_count=shard_count,
+    )
+    logging.info("BERT data: %s (host %d of %d)", data, shard_index, shard_count)
+    return data
+
+
 def build_bert_data(
     data_cfg, seq_length: int, max_predictions: int, shard_index: int, shard_count: int
 ) -> BertData:
     """Prepares (or reuses) the cached BERT data and returns this host's view of it.
 
-    data_cfg is the config's `data` ConfigDict (corpus, train_files, eval_files, data_dir,
+    data_cfg is the config's `data` ConfigDict (format, corpus, train_files, eval_files, data_dir,
     vocab_file, vocab_size, lowercase, cache_dir, masked_lm_prob, dupe_factor,
     short_seq_prob, seed, eval_fraction, max_eval_examples).
     """
     cache_dir = os.path.abspath(os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR))
+    data_format = data_cfg.get("format", "text")
+    if data_format == bert_tfrecord.FORMAT:
+        return _tfrecord_data(
+            data_cfg, seq_length, max_predictions, shard_index, shard_count, cache_dir
+        )
+    if data_format != "text":
+        raise ValueError(
+            f"data.format must be 'text' or {bert_tfrecord.FORMAT!r}, got {data_format!r}"
+        )
     if data_cfg.vocab_file:  # a bad vocab fails before the corpus is written
         tokenizer.check_vocab_file(_resolve(data_cfg.vocab_file, data_cfg.data_dir))
+    train_files = _train_files(data_cfg, cache_dir)
     eval_files = tuple(_resolve(p, data_cfg.data_dir) for p in (data_cfg.eval_files or ()))
     for path in eval_files:
         if not os.path.isfile(path):

@@ -38,19 +38,26 @@ from mlperf.mllog import MlLog, keys
 from mlperf.profiling import ProfileWindow
 from mlperf.reporting import Progress
 from mlperf.summaries import RunSummaries
-from mlperf.task import Phase
+from mlperf.task import Phase, Task
 from parallel.partition import DataLayout
 
 if TYPE_CHECKING:
     from mlperf.train import Trainer
 
 
-def eval_interval(config, phases: tuple[Phase, ...]) -> int:
+def eval_schedule(config, phases: tuple[Phase, ...], task: Task) -> tuple[int, int]:
+    """(samples at the first eval, samples between evals).
+
+    train.eval_every_samples > 0: every that many samples; 0: ten evals over the run;
+    -1: the MLPerf rules of the task's round (`Task.rules_eval_schedule`)."""
     every = config.train.eval_every_samples
+    if every < 0:
+        return task.rules_eval_schedule(phases)
     if every > 0:
-        return every
+        return every, every
     total = sum(p.steps * p.global_batch_size for p in phases)
-    return max(total // 10, phases[0].global_batch_size)
+    every = max(total // 10, phases[0].global_batch_size)
+    return every, every
 
 
 @dataclasses.dataclass
@@ -94,7 +101,7 @@ class TrainLoop:
         config = trainer.config
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
-        self.eval_every = eval_interval(config, phases)
+        first_eval, self.eval_every = eval_schedule(config, phases, self.task)
         self.spike_rule = SpikeRule.from_config(config)
         self.progress = Progress(
             self.total_steps,
@@ -104,7 +111,7 @@ class TrainLoop:
         )
         self.goodput = goodput if goodput is not None else Goodput()
         # The counters a checkpoint holds; it always records this run's own config.
-        self.s = resumed if resumed is not None else LoopState(next_eval=self.eval_every)
+        self.s = resumed if resumed is not None else LoopState(next_eval=first_eval)
         self.s.config = plain_config(config)
         self.s.seed, self.s.variant = config.seed, config.variant
         self.s.benchmark = self.task.benchmark
@@ -412,7 +419,8 @@ class TrainLoop:
                         stop = self.s.reached and config.train.stop_at_target
                         if not stop:
                             self._evaluate(state["params"])
-                            self.s.next_eval += self.eval_every
+                            while self.s.next_eval <= self.s.samples:  # one eval per boundary
+                                self.s.next_eval += self.eval_every
                             stop = self.s.reached and config.train.stop_at_target
                         if not stop and not last:
                             self._open_block()

@@ -259,6 +259,15 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
     def flops_per_example(self, phase: Phase) -> float:
         """Analytic training FLOPs per example (forward + backward) for MFU."""
 
+    def rules_eval_schedule(self, phases: Sequence[Phase]) -> tuple[int, int]:
+        """(first eval, eval interval) in samples under the MLPerf rules of the task's
+        round, for train.eval_every_samples=-1."""
+        del phases
+        raise ValueError(
+            f"train.eval_every_samples=-1 (the MLPerf rules' schedule) is not defined for "
+            f"{self.benchmark}; give a sample count"
+        )
+
     # ---- initialisation --------------------------------------------------------------------
     def pretrained(self, param_shapes: Any) -> Any:
         """A whole-model checkpoint to start from (`init.checkpoint`), checked against

@@ -87,6 +87,7 @@ class Trainer:
             params = self.layout.abstract_train_state["params"]
             self._pretrained = self.task.pretrained(params) or False
         return self._pretrained or None
+
     data_prep_s: float = 0.0  # time build_trainer spent preparing the data
 
     def jitted_train_step(self):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -13,6 +13,7 @@ from flax import nnx
 
 from input_pipeline.bert_data import BertData, build_bert_data
 from input_pipeline.pretraining_examples import feature_spec
+from mlperf.bert import rules
 from mlperf.bert.checkpoint_import import PretrainedBert, check_config, open_source
 from mlperf.bert.model import BertConfig, BertForPreTraining
 from mlperf.mllog import keys
@@ -51,6 +52,19 @@ class BertTask(Task[BertPrepared]):
     benchmark = "bert"
     target_metric = "mlm_accuracy"
 
+    @property
+    def mlperf_round(self) -> str:
+        """The MLPerf round whose rules apply (config mlperf.round)."""
+        return str(self.config.get("mlperf", {}).get("round", "0.7"))
+
+    @property
+    def target_value(self) -> float:
+        """train.target, or the round's target when it is < 0 (0.712 in v0.7, 0.720 from
+        v1.0 on)."""
+        round_target = rules.round_target(self.mlperf_round)  # checks the round
+        target = float(self.config.train.target)
+        return round_target if target < 0 else target
+
     # ---- data ----------------------------------------------------------------------------
     def _bert_data(
         self, seq_length: int, max_predictions: int, shard_index: int, shard_count: int
@@ -87,6 +101,10 @@ class BertTask(Task[BertPrepared]):
             last.data["seq_length"], last.data["max_predictions"], shard_index, shard_count
         )
         return data.eval_batches(global_batch_size)
+
+    def rules_eval_schedule(self, phases: Sequence[Phase]) -> tuple[int, int]:
+        """(first eval, eval interval) in samples under the MLPerf rules of mlperf.round."""
+        return rules.eval_schedule(self.mlperf_round, phases[-1].global_batch_size)
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         return feature_spec(phase.data["seq_length"], phase.data["max_predictions"])

@@ -1,0 +1,225 @@
+"""TFRecord files without TensorFlow: record framing, CRC checks, an offset index, random access.
+
+A TFRecord file is a sequence of records, each
+
+    uint64 length (little endian) | uint32 masked_crc32c(length bytes)
+    data[length]                  | uint32 masked_crc32c(data)
+
+Both checksums are verified; a bad one, a truncated record or trailing garbage raises
+`TFRecordError` naming the file and the record's byte offset. Nothing is skipped.
+
+Random access (`TFRecordSource`) needs each record's offset: `index_file` walks the
+headers once (12 bytes read per record, the data is skipped) and the index can be cached
+on disk, keyed by the file's path, size and mtime.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+_HEADER = struct.Struct("<QI")
+_FOOTER = struct.Struct("<I")
+_MASK_DELTA = 0xA282EAD8
+
+
+class TFRecordError(ValueError):
+    """A corrupt or truncated TFRecord file (the message names the file and byte offset)."""
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC-32C rotated right by 15 bits plus a constant (mod 2^32)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def encode_record(data: bytes) -> bytes:
+    """One framed record (for writing test files and converted shards)."""
+    length = struct.pack("<Q", len(data))
+    return length + _FOOTER.pack(masked_crc32c(length)) + data + _FOOTER.pack(masked_crc32c(data))
+
+
+def write_records(path: str, payloads: Sequence[bytes]) -> None:
+    """Writes payloads as a TFRecord file (uncompressed), atomically."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        for data in payloads:
+            f.write(encode_record(data))
+    os.replace(tmp, path)
+
+
+def _read_header(f, path: str, offset: int, file_size: int) -> int:
+    """The data length of the record at offset, read from f at its position."""
+    return _parse_header(f.read(_HEADER.size), path, offset, file_size)
+
+
+def _parse_header(header: bytes, path: str, offset: int, file_size: int) -> int:
+    """The data length in a record header (length CRC checked)."""
+    if len(header) < _HEADER.size:
+        raise TFRecordError(
+            f"{path}: truncated record header at byte offset {offset} "
+            f"({len(header)} of {_HEADER.size} bytes; file size {file_size})"
+        )
+    length, length_crc = _HEADER.unpack(header)
+    if masked_crc32c(header[:8]) != length_crc:
+        raise TFRecordError(
+            f"{path}: bad length checksum in the record at byte offset {offset} "
+            "(corrupt file, or not a TFRecord file; compressed TFRecords are not supported)"
+        )
+    if offset + _HEADER.size + length + _FOOTER.size > file_size:
+        raise TFRecordError(
+            f"{path}: record at byte offset {offset} claims {length} data bytes but the "
+            f"file ends at {file_size} (truncated file)"
+        )
+    return length
+
+
+def _check_data(path: str, offset: int, data: bytes, footer: bytes, length: int) -> None:
+    if len(data) != length or len(footer) != _FOOTER.size:
+        raise TFRecordError(f"{path}: truncated record data at byte offset {offset}")
+    if masked_crc32c(data) != _FOOTER.unpack(footer)[0]:
+        raise TFRecordError(
+            f"{path}: bad data checksum in the record at byte offset {offset} (corrupt file)"
+        )
+
+
+def iter_records(path: str) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, data) of every record in order, both checksums verified."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        offset = 0
+        while offset < size:
+            length = _read_header(f, path, offset, size)
+            data = f.read(length)
+            _check_data(path, offset, data, f.read(_FOOTER.size), length)
+            yield offset, data
+            offset += _HEADER.size + length + _FOOTER.size
+
+
+def index_file(path: str) -> np.ndarray:
+    """Byte offsets of every record (int64), from the headers alone (length CRCs checked)."""
+    size = os.path.getsize(path)
+    offsets = []
+    with open(path, "rb", buffering=0) as f:
+        offset = 0
+        while offset < size:
+            f.seek(offset)
+            length = _read_header(f, path, offset, size)
+            offsets.append(offset)
+            offset += _HEADER.size + length + _FOOTER.size
+    return np.asarray(offsets, np.int64)
+
+
+def _index_cache_path(path: str, cache_dir: str) -> str:
+    st = os.stat(path)
+    key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return os.path.join(cache_dir, f"{os.path.basename(path)}.{digest}.idx.npy")
+
+
+def cached_index(path: str, cache_dir: str | None) -> np.ndarray:
+    """index_file(path), read from / written to cache_dir when given (atomic writes)."""
+    if not cache_dir:
+        return index_file(path)
+    cache = _index_cache_path(path, cache_dir)
+    if os.path.isfile(cache):
+        return np.load(cache)
+    offsets = index_file(path)
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = f"{cache}.tmp{os.getpid()}.npy"
+    np.save(tmp, offsets)
+    os.replace(tmp, cache)
+    return offsets
+
+
+class TFRecordSource:
+    """Random access over the records of several TFRecord files, in file order.
+
+    source[i] is parse(data, where) for global record i, where `where` names the file and
+    byte offset (for error messages). Works as a grain data source: len() and [i]; it
+    pickles without its open file handles (each worker process opens its own).
+    """
+
+    def __init__(
+        self,
+        files: Sequence[str],
+        parse: Callable[[bytes, str], Any],
+        cache_dir: str | None = None,
+        first_file: int = 0,
+    ):
+        """Indexes every file (cached in cache_dir). Files are indexed starting at
+        `first_file` (round robin): hosts sharing cache_dir start at different files and
+        mostly load each other's indexes instead of all walking every file."""
+        if not files:
+            raise ValueError("TFRecordSource needs at least one file")
+        self.files = tuple(files)
+        self._parse = parse
+        n = len(self.files)
+        offsets: list[np.ndarray | None] = [None] * n
+        self._sizes = [os.path.getsize(p) for p in self.files]
+        for k in range(n):
+            i = (first_file + k) % n
+            index = cached_index(self.files[i], cache_dir)
+            # 4 bytes a record where the file allows (hundreds of millions of records).
+            offsets[i] = index.astype(np.uint32) if self._sizes[i] < 2**32 else index
+        self._offsets = offsets
+        counts = np.asarray([len(o) for o in offsets], np.int64)
+        self._starts = np.concatenate([[0], np.cumsum(counts)])
+        self._handles: dict[int, int] = {}  # file number -> descriptor
+        self._open_lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def __repr__(self) -> str:
+        return f"TFRecordSource(files={len(self.files)}, records={len(self)})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_handles"] = {}
+        del state["_open_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._open_lock = threading.Lock()
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(file number, byte offset) of global record index."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"record {index} out of range [0, {len(self)})")
+        file_no = int(np.searchsorted(self._starts, index, side="right")) - 1
+        return file_no, int(self._offsets[file_no][index - self._starts[file_no]])
+
+    def read(self, index: int) -> bytes:
+        """The raw data of global record index (data CRC checked). Thread safe: positioned
+        reads (pread) on one descriptor per file, no shared file position."""
+        file_no, offset = self.locate(index)
+        fd = self._handles.get(file_no)
+        if fd is None:
+            with self._open_lock:
+                fd = self._handles.get(file_no)
+                if fd is None:
+                    fd = self._handles[file_no] = os.open(self.files[file_no], os.O_RDONLY)
+        path = self.files[file_no]
+        header = os.pread(fd, _HEADER.size, offset)
+        length = _parse_header(header, path, offset, self._sizes[file_no])
+        blob = os.pread(fd, length + _FOOTER.size, offset + _HEADER.size)
+        _check_data(path, offset, blob[:length], blob[length:], length)
+        return blob[:length]
+
+    def __getitem__(self, index: int) -> Any:
+        file_no, offset = self.locate(int(index))
+        return self._parse(self.read(int(index)), f"{self.files[file_no]} at byte offset {offset}")
+
+    def close(self) -> None:
+        for fd in self._handles.values():
+            os.close(fd)
+        self._handles.clear()
