@@ -17,7 +17,7 @@ from typing import Any
 from parallel.hardware import CHIPS, Chip
 
 # Names checked against libtpu 0.0.42 (`<generation>:<chips per torus dimension>`).
-# Any shape libtpu accepts works; these are the ones the README and planner use.
+# Any shape libtpu accepts works; these are the ones docs/aot-and-planning.md and the planner use.
 KNOWN_TOPOLOGIES = (
     "v2:2x2",
     "v2:4x4",
