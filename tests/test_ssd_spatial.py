@@ -83,7 +83,7 @@ def reference():
     return batch, losses, params
 
 
-@pytest.mark.slow  # three train-step compiles: ~25 min on the loaded 2-core machine
+@pytest.mark.slow  # three train-step compiles (CI: make test-ci-slow)
 @pytest.mark.parametrize("ici_shape", [(1, 8), (2, 4)])
 def test_spatially_partitioned_train_steps_equal_unpartitioned(reference, ici_shape):
     batch, ref_losses, ref_params = reference
