@@ -161,7 +161,7 @@ def _run(out, cache, processes: int, devices: int) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # two multi-process eval runs (CI: make test-ci-slow)
+@pytest.mark.slow  # eval subprocesses on 1 x 8 and 2 x 4 (CI: make test-ci-slow)
 @pytest.mark.xdist_group("ssd_multiprocess")
 def test_distributed_eval_2x4_equals_1x8(tmp_path):
     cache = tmp_path / "cache"
