@@ -59,7 +59,8 @@ def _base() -> ConfigDict:
         )
     )
     # final_sets: name -> (source, target) files decoded in full once after training
-    # (mlperf/transformer/final_bleu.py); the in-loop eval uses data.max_eval_examples.
+    # (mlperf/transformer/final_bleu.py; launch.final_bleu for a finished run); the in-loop
+    # eval uses data.max_eval_examples.
     c.eval = ConfigDict(dict(beam_size=4, length_penalty=0.6, max_extra_length=50, final_sets={}))
     c.mesh = mesh_block()
     c.parallel = parallel_block()

@@ -1,354 +1,42 @@
 """Compile a config's train and eval steps for a mesh and report memory, FLOPs, collectives.
 
-    python -m launch.inspect --config configs/bert.py:mlperf_v07 --topology v3:64x64 \\
-        [--mesh data=2048,model=4] [--json]
+    python -m launch.inspect --config configs/bert.py:mlperf_v07 --topology v4:16x16x16 \\
+        [--mesh data=-1,model=4] [--slices 2] [--json]
 
 Without --topology the step is compiled for this machine's (fake CPU) devices; with it,
-for a TPU slice through libtpu's compiler (no TPU needed). Nothing is trained, no data
-is read and nothing is allocated: the steps are lowered from abstract shapes.
+for a TPU slice of any generation libtpu knows (v2, v3, v4, v5e, v5p, v6e) through
+libtpu's compiler, no TPU needed; --slices joins that many slices over DCN with `data`
+spanning them. Nothing is trained, no data is read and nothing is allocated. The
+library is mlperf/inspection.py.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import time
+import sys
 from typing import Any
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from launch.cli import apply_mesh_override, relax_cpu_collective_timeouts
+from mlperf.inspection import inspect_config, table
 
-relax_cpu_collective_timeouts()  # before jax starts its backend
+relax_cpu_collective_timeouts()  # before jax starts its backend (nothing above imports it)
 
-# The TPU compiler's out-of-memory messages, in the two forms libtpu prints:
-# "Used 20.53G of 15.48G hbm. Exceeded hbm capacity by 5.05G." and "the total memory
-# required for HLO temporaries (32.71G) exceeds available HBM (15.48G)."
-_OOM_USED = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm")
-_OOM_TEMP = re.compile(r"temporaries \(([\d.]+)([KMGT]?)\) exceeds available HBM")
-_TOP_LEVEL = ("collectives", "collective_bytes", "gather_scatter")
-_UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def _oom(message: str) -> dict[str, int] | None:
-    """What an XLA:TPU out-of-memory error says: total used bytes or temporaries."""
-    if "RESOURCE_EXHAUSTED" not in message and "Ran out of memory" not in message:
-        return None
-    m = _OOM_USED.search(message)
-    if m:
-        return {"oom_used_bytes": int(float(m.group(1)) * _UNIT[m.group(2)])}
-    m = _OOM_TEMP.search(message)
-    if m:
-        return {"oom_temp_bytes": int(float(m.group(1)) * _UNIT[m.group(2)])}
-    return {}
-
-
-def _eval_spec(task, phase) -> dict:
-    """Per-example spec of an eval batch: the task's own, or the train spec plus `mask`."""
-    custom = getattr(task, "eval_example_spec", None)
-    if custom is not None:
-        return custom()
-    return {**task.example_spec(phase), "mask": ((), "float32")}
-
-
-def _compile(lowered_fn) -> tuple[Any, Any, float, float, str | None]:
-    """(lowered or None, compiled or None, lowering seconds, compile seconds, error or None).
-
-    Lowering (tracing to StableHLO) and the backend compile are timed apart: for a big
-    Python-unrolled model the first can dominate, for a big mesh the second. Both are
-    logged as they finish, so a compile that never ends still says where it got to.
-    """
-    start = time.perf_counter()
-    lowered, lower_s = None, 0.0
-    try:
-        lowered = lowered_fn()
-        lower_s = time.perf_counter() - start
-        if logging.level_info():  # the op count costs a print of the module (--v=0)
-            ops = lowered.as_text().count(" = ")
-            logging.info("lowered in %.1f s (%d StableHLO ops); compiling", lower_s, ops)
-        compiled = lowered.compile()
-    except Exception as e:  # a candidate that does not compile is reported, not fatal
-        if lowered is None:
-            lower_s = time.perf_counter() - start
-        compile_s = time.perf_counter() - start - lower_s
-        return lowered, None, lower_s, compile_s, f"{type(e).__name__}: {e}"
-    compile_s = time.perf_counter() - start - lower_s
-    logging.info("compiled in %.1f s", compile_s)
-    return lowered, compiled, lower_s, compile_s, None
-
-
-def _step_report(
-    lowered,
-    compiled,
-    lower_s: float,
-    compile_s: float,
-    error: str | None,
-    peak_flops: float | None = None,
-) -> dict[str, Any]:
-    from parallel.aot import compiled_stats
-
-    if compiled is None:
-        report: dict[str, Any] = {
-            "error": error.splitlines()[0][:500],
-            "lower_time_s": lower_s,
-            "compile_time_s": compile_s,
-        }
-        oom = _oom(error)
-        if oom is not None:
-            report.update(oom, out_of_memory=True)
-        return report
-    stats = compiled_stats(compiled, lowered)
-    report = {
-        "flops_per_device": stats["flops"],
-        "matmul_flops_per_device": stats["matmul_flops"],
-        "flops_cost_analysis": stats["flops_cost_analysis"],
-        "bytes_accessed_per_device": stats["bytes_accessed"],
-        "collectives": stats["collectives"],
-        "collective_bytes": stats["collective_bytes"],
-        "collective_wire_bytes": stats["collective_wire_bytes"],
-        # The program as written (what einsum_gather controls) and after the backend's
-        # passes (CPU turns max-pool gradients into scatters; TPU keeps them native).
-        "gather_scatter": stats["gather_scatter"],
-        "gather_scatter_compiled": stats["gather_scatter_compiled"],
-        # The TPU compiler rewrites most reduce-scatters (weight-update sharding's
-        # gradients) as all-reduce + dynamic-slice: counted apart, and in the program.
-        "reduce_scatter_as_all_reduce": stats["reduce_scatter_as_all_reduce"],
-        "reduce_scatter_as_all_reduce_bytes": stats["reduce_scatter_as_all_reduce_bytes"],
-        "reduce_scatter_program": stats.get("reduce_scatter_program"),
-        "memory": stats.get("memory", {}),
-        "lower_time_s": lower_s,
-        "compile_time_s": compile_s,
-    }
-    if "optimal_seconds" in stats:
-        report["compiler_step_s"] = stats["optimal_seconds"]
-        report["estimated_step_s"] = stats["optimal_seconds"]
-        # The compiler's estimate, like its cost analysis, sees a loop body once (one
-        # layer of a scanned stack, one microbatch). Here the other iterations are added
-        # at the chip's peak FLOP/s: a lower bound (a scanned layer stack is instead
-        # extrapolated from unrolled compiles, `_layer_estimate`).
-        unseen = stats["flops"] - stats["flops_loops_once"]
-        if unseen > 0 and peak_flops:
-            report["loop_flops_unseen"] = unseen
-            report["estimated_step_s"] += unseen / peak_flops
-            report["estimate_method"] = "compiler + other loop iterations at peak (lower bound)"
-    return report
-
-
-def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
-    """The step-time estimate of a scanned layer stack (`model.scan_layers`), from the
-    TPU compiler's estimates of the same step with 1 and 2 unrolled layers, extrapolated
-    linearly to the config's depth: est(1) + (L - 1) (est(2) - est(1)).
-
-    The compiler's estimate sees a loop body once, so the scanned program's own estimate
-    counts one layer. Per-layer estimates of unrolled programs are linear in depth
-    (BERT-large per-core program on v3:2x2: 1, 2, 4 layers 4.698, 6.527, 10.184 ms;
-    the extrapolation from 1 and 2 gives 10.185), and two small compiles are cheap.
-    Adds the two estimates and the extrapolation to `train`.
-    """
-    from mlperf.train import build_trainer
-    from parallel.aot import cost_analysis
-
-    layers = int(config.model.num_layers)
-    estimates = []
-    for n in (1, 2):
-        c = config.copy_and_resolve_references()
-        c.model.update(num_layers=n, scan_layers=False)
-        trainer = build_trainer(c, devices=devices, prepare_data=False)
-        _, compiled, _, _, error = _compile(lambda t=trainer: t.lower_train_step(t.phases[0]))
-        if compiled is None:
-            train["layer_estimate_error"] = (error or "").splitlines()[0][:300]
-            return
-        estimates.append(float(cost_analysis(compiled)["optimal_seconds"]))
-    per_layer = estimates[1] - estimates[0]
-    train["layer_step_s"] = per_layer
-    train["unrolled_1_2_layer_step_s"] = estimates
-    train["estimated_step_s"] = estimates[0] + (layers - 1) * per_layer
-    train["estimate_method"] = f"unrolled 1- and 2-layer compiles, extrapolated to {layers}"
-
-
-def inspect_config(
-    config,
-    devices=None,
-    topology: str = "",
-    eval_step: bool = False,
-    layer_estimate: bool = True,
-) -> dict:
-    """Compiles the first phase's train step (and the eval step) and returns the report.
-
-    `topology` names a TPU slice (e.g. "v3:64x64") compiled through libtpu; otherwise
-    `devices` (default: this process's devices) are used. With `layer_estimate`, a
-    scanned layer stack's step-time estimate comes from two small unrolled compiles
-    (`_layer_estimate`).
-    """
-    import jax
-
-    from mlperf.evaluate import eval_program
-    from mlperf.steps import batch_abstract
-    from mlperf.train import build_trainer
-    from mlperf.train_state import param_count
-    from mlperf.validate import ConfigError, mesh_sizes
-    from parallel.aot import bytes_per_device, total_bytes
-    from parallel.mesh import mesh_shape
-    from parallel.topology import TopologyError, check_mesh_fits, get_topology
-
-    topo = get_topology(topology) if topology else None
-    if topo is not None:
-        devices = topo.devices
-        try:
-            check_mesh_fits(topo, mesh_sizes(config, len(devices)))
-        except ConfigError as e:
-            raise TopologyError(
-                f"{e} (topology {topo.name}: {len(devices)} devices = {topo.chips} chips x "
-                f"{topo.devices_per_chip} cores)"
-            ) from None
-    devices = list(jax.devices() if devices is None else devices)
-    trainer = build_trainer(config, devices=devices, prepare_data=False)
-    phase = trainer.phases[0]
-    state = trainer.layout.abstract_train_state
-    peak = topo.chip.peak_flops / topo.devices_per_chip if topo is not None else None
-    train = _step_report(*_compile(lambda: trainer.lower_train_step(phase)), peak_flops=peak)
-    scanned = bool(config.model.get("scan_layers", False)) and config.model.num_layers > 2
-    if layer_estimate and scanned and "estimated_step_s" in train:
-        _layer_estimate(config, devices, train)
-    logging.info("train step: %s", json.dumps(train))  # kept if the eval compile never ends
-    params_b, opt_b = bytes_per_device(state["params"]), bytes_per_device(state["opt_state"])
-    mem = train.get("memory", {})
-    device = devices[0]
-    hbm = topo.hbm_per_device if topo is not None else None
-    if topo is None and device.platform != "cpu":
-        stats = device.memory_stats() or {}
-        hbm = stats.get("bytes_limit")
-    total = mem.get("total")
-    if train.get("out_of_memory"):
-        # The compiler stopped at HBM: its figure, or state plus the temporaries it needed
-        # (at least the state, when the message names neither).
-        total = train.get("oom_used_bytes") or params_b + opt_b + train.get("oom_temp_bytes", 0)
-    report: dict[str, Any] = {
-        "config": f"{config.benchmark}:{config.variant}",
-        "topology": topo.name if topo else "",
-        "device_kind": device.device_kind,
-        "devices": len(devices),
-        "chips": topo.chips if topo else len(devices),
-        "mesh": mesh_shape(trainer.partitioner.mesh),
-        "params": param_count(trainer.layout),
-        "global_batch_size": phase.global_batch_size,
-        "microbatches": config.train.microbatches,
-        "weight_update_sharding": bool(config.parallel.weight_update_sharding),
-        "fsdp": bool(config.parallel.fsdp),
-        "bytes_per_device": {
-            "params": params_b,
-            "opt_state": opt_b,
-            "temp": mem.get("temp", train.get("oom_temp_bytes")),
-            "total": total,
-        },
-        "bytes_total": {
-            "params": total_bytes(state["params"]),
-            "opt_state": total_bytes(state["opt_state"]),
-        },
-        "hbm_per_device": hbm,
-        "fits": None if hbm is None or total is None else bool(total <= hbm),
-        "out_of_memory": bool(train.get("out_of_memory")),
-        "train": train,
-        # The train step's op statistics also at the top level (older callers read them).
-        **{k: train[k] for k in _TOP_LEVEL if k in train},
-    }
-    if report["fits"] is not None:
-        report["hbm_headroom_bytes"] = int(hbm - total)
-    if train.get("flops_per_device") is not None:
-        report["flops_per_step"] = train["flops_per_device"] * len(devices)
-    if eval_step:
-        spec = _eval_spec(trainer.task, trainer.phases[-1])
-        abstract = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
-        fn = eval_program(
-            trainer.task, trainer.layout, trainer.partitioner, state["params"], abstract
-        )
-        report["eval"] = _step_report(
-            *_compile(lambda: fn.lower(state["params"], abstract)), peak_flops=peak
-        )
-    return report
-
-
-def _estimate_text(step: dict[str, Any]) -> str:
-    est = step.get("estimated_step_s")
-    if est is None:
-        return "-"
-    method = step.get("estimate_method")
-    if method is None:
-        return f"{est * 1e3:.2f} ms (compiler)"
-    program = step["compiler_step_s"] * 1e3
-    return f"{est * 1e3:.2f} ms ({method}; the compiled program's own: {program:.2f} ms)"
-
-
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x / (1 << 30):.3f} GiB"
-
-
-def table(report: dict[str, Any]) -> str:
-    """The report as aligned `name  value` lines."""
-    b, totals = report["bytes_per_device"], report["bytes_total"]
-    fits = report["fits"]
-    verdict = "unknown (no HBM size for this device)"
-    if fits is not None:
-        head = report["hbm_headroom_bytes"]
-        verdict = f"fits, {_gib(head)} spare" if fits else f"DOES NOT FIT, {_gib(-head)} over"
-    rows = [
-        ("config", report["config"]),
-        ("devices", f"{report['devices']} x {report['device_kind']} ({report['chips']} chips)"),
-        ("topology", report["topology"] or "this machine"),
-        ("mesh", " x ".join(f"{k}={v}" for k, v in report["mesh"].items())),
-        ("parameters", f"{report['params']:,}"),
-        ("params / device", f"{_gib(b['params'])} (of {_gib(totals['params'])})"),
-        ("opt state / device", f"{_gib(b['opt_state'])} (of {_gib(totals['opt_state'])})"),
-        ("temporaries / device", _gib(b["temp"])),
-        ("total / device", f"{_gib(b['total'])} of {_gib(report['hbm_per_device'])}: {verdict}"),
-    ]
-    for name in ("train", "eval"):
-        step = report.get(name)
-        if step is None:
-            continue
-        if "error" in step:
-            rows.append((f"{name} step", f"did not compile: {step['error']}"))
-            continue
-        rows += [
-            (f"{name} FLOPs / device", f"{step['flops_per_device']:.4e} (loops x trip count)"),
-            (
-                f"{name} gather+scatter",
-                f"{step['gather_scatter']} in the program, "
-                f"{step.get('gather_scatter_compiled', '-')} after the backend's passes",
-            ),
-            (f"{name} est. step time", _estimate_text(step)),
-            (
-                f"{name} compile time",
-                f"{step['compile_time_s']:.1f} s (lowering {step.get('lower_time_s', 0.0):.1f} s)",
-            ),
-        ]
-        for op, count in step["collectives"].items():
-            if count:
-                rows.append((f"  {op}", f"{count} ops, {_gib(step['collective_bytes'][op])}"))
-        sliced = step.get("reduce_scatter_as_all_reduce", 0)
-        if sliced or step.get("reduce_scatter_program"):
-            rows.append(
-                (
-                    "  reduce-scatter as all-reduce",
-                    f"{sliced} tensors read through a dynamic-slice, "
-                    f"{_gib(step['reduce_scatter_as_all_reduce_bytes'])} of shards "
-                    f"({step.get('reduce_scatter_program', '-')} reduce-scatters in the program)",
-                )
-            )
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+__all__ = ["inspect_config", "table"]
 
 
 def _define_flags() -> dict[str, Any]:
     """The CLI's flags; defined only when run as a program, so that other entry points
-    (launch.plan, tests) can import this module without a duplicate --config."""
+    can import this module without a duplicate --config."""
     return {
         "config": config_flags.DEFINE_config_file(
             "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=False
         ),
         "mesh": flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1."),
-        "topology": flags.DEFINE_string("topology", "", "TPU topology, e.g. v3:64x64."),
+        "topology": flags.DEFINE_string("topology", "", "TPU topology, e.g. v4:16x16x16."),
+        "slices": flags.DEFINE_integer("slices", 1, "Slices of --topology joined over DCN."),
         "eval": flags.DEFINE_bool("eval", True, "Also compile the eval step."),
         "layer_estimate": flags.DEFINE_bool(
             "layer_estimate",
@@ -369,7 +57,11 @@ def main(argv: list[str]) -> None:
     if config is None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07.")
     apply_mesh_override(config, _FLAGS["mesh"].value)
+    slices = _FLAGS["slices"].value
+    if slices > 1 and not _FLAGS["topology"].value:
+        raise app.UsageError("--slices needs --topology (e.g. --topology v5e:16x16 --slices 2).")
     from mlperf.validate import ConfigError
+    from parallel.mesh import MeshShapeError
     from parallel.topology import TopologyError
 
     try:
@@ -378,9 +70,12 @@ def main(argv: list[str]) -> None:
             topology=_FLAGS["topology"].value,
             eval_step=_FLAGS["eval"].value,
             layer_estimate=_FLAGS["layer_estimate"].value,
+            slices=slices,
         )
-    except (TopologyError, ConfigError) as e:
-        raise app.UsageError(str(e)) from None
+    except (TopologyError, ConfigError, MeshShapeError, ValueError) as e:
+        # One line naming what is wrong (absl's UsageError would add the whole help).
+        print(f"multipod: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(json.dumps(report, indent=2) if _FLAGS["json"].value else table(report))
 
 

@@ -3,7 +3,10 @@
 Commands:
   create   make the TPU VM(s): one slice with `tpu-vm create`, or `--num_slices K` > 1
            slices through one queued resource (nodes NAME-0 .. NAME-{K-1}).
-  setup    copy this repository to ~/multipod on every worker and `pip install -e ".[tpu]"`.
+  setup    copy this repository to ~/multipod on every worker, give it Python 3.11 (the
+           project needs >= 3.11; the v2-v4 images ship 3.10) in ~/multipod/.venv through
+           `uv` (from PyPI; it downloads a managed CPython), and install `-e ".[tpu]"`
+           there; `--python_version ""` installs into the image's `--python` instead.
   run      the same command on every worker of every slice, e.g.
              launch.tpu run --name N --zone Z -- python3 -m launch.train \\
                --config configs/bert.py:tiny --workdir /tmp/w --tpu_pod
@@ -35,6 +38,8 @@ COMMANDS = ("create", "setup", "run", "ssh", "delete")
 REMOTE_DIR = "~/multipod"
 REMOTE_LOG_DIR = "~/multipod_logs"
 REMOTE_LOG = f"{REMOTE_LOG_DIR}/run.log"
+REMOTE_VENV = f"{REMOTE_DIR}/.venv"
+PYTHON_VERSION = "3.11"  # pyproject.toml: requires-python >= 3.11
 TPU_VM = ["gcloud", "compute", "tpus", "tpu-vm"]
 QUEUED = ["gcloud", "compute", "tpus", "queued-resources"]
 
@@ -209,9 +214,36 @@ def code_sources(repo: str) -> list[str]:
     return [os.path.join(repo, n) for n in keep]
 
 
-def setup_commands(target: Target, sources: list[str], python: str = "python3") -> list[list[str]]:
-    """Fresh ~/multipod on every worker of every slice, the code copied in, pip install."""
-    install = f'cd {REMOTE_DIR} && {shlex.quote(python)} -m pip install -e ".[tpu]"'
+def install_line(python: str = "python3", python_version: str = PYTHON_VERSION) -> str:
+    """Worker-side install: uv (pip --user; `--break-system-packages` where the image's
+    Python is externally managed) makes ~/multipod/.venv with a managed `python_version`
+    and installs the project there; with no `python_version`, pip into `python`."""
+    py = shlex.quote(python)
+    if not python_version:
+        return f'cd {REMOTE_DIR} && {py} -m pip install -e ".[tpu]"'
+    uv = "~/.local/bin/uv"
+    get_uv = (
+        f"( {py} -m pip install --user --upgrade uv || "
+        f"{py} -m pip install --user --upgrade --break-system-packages uv )"
+    )
+    return " && ".join(
+        [
+            f"cd {REMOTE_DIR}",
+            get_uv,
+            f"{uv} venv --python {shlex.quote(python_version)} {REMOTE_VENV}",
+            f'{uv} pip install --python {REMOTE_VENV}/bin/python -e ".[tpu]"',
+        ]
+    )
+
+
+def setup_commands(
+    target: Target,
+    sources: list[str],
+    python: str = "python3",
+    python_version: str = PYTHON_VERSION,
+) -> list[list[str]]:
+    """Fresh ~/multipod on every worker of every slice, the code copied in, installed."""
+    install = install_line(python, python_version)
     commands = []
     for node in target.nodes():
         commands.append(_ssh(target, node, "all", f"rm -rf {REMOTE_DIR} && mkdir -p {REMOTE_DIR}"))
@@ -231,8 +263,10 @@ def setup_commands(target: Target, sources: list[str], python: str = "python3") 
 
 
 def remote_run_line(line: str, env: list[tuple[str, str]]) -> str:
-    """Worker-side shell line: cd, export env, run `line` with its output teed to the log."""
+    """Worker-side shell line: cd, the setup's venv first on PATH (so `python3` is its
+    3.11), export env, run `line` with its output teed to the log."""
     parts = [f"cd {REMOTE_DIR}", f"mkdir -p {REMOTE_LOG_DIR}"]
+    parts.append('export PATH="$HOME/multipod/.venv/bin:$PATH"')
     parts += [f"export {key}={shlex.quote(value)}" for key, value in env]
     parts.append(f"set -o pipefail && ( {line} ) 2>&1 | tee {REMOTE_LOG}")
     return " && ".join(parts)
@@ -342,7 +376,12 @@ _ENV = flags.DEFINE_multi_string("env", [], "KEY=VALUE exported on the workers (
 _LOGS_DIR = flags.DEFINE_string("logs_dir", None, "Copy each worker's run log here (run).")
 _WORKER = flags.DEFINE_string("worker", None, "Worker index or `all` (ssh; gcloud's default 0).")
 _SLICE = flags.DEFINE_integer("slice", 0, "Slice index for ssh on a multi-slice TPU.")
-_PYTHON = flags.DEFINE_string("python", "python3", "Worker Python that setup installs into.")
+_PYTHON = flags.DEFINE_string("python", "python3", "Worker Python that setup bootstraps uv with.")
+_PYTHON_VERSION = flags.DEFINE_string(
+    "python_version",
+    PYTHON_VERSION,
+    "Python that setup's venv gets through uv; empty: install into --python itself.",
+)
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the gcloud commands; run nothing.")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -372,7 +411,8 @@ def _dispatch(command: str, words: list[str]) -> None:
     if command == "create":
         execute(create_commands(target, _need_type(command), _RUNTIME.value, _SPOT.value), dry)
     elif command == "setup":
-        execute(setup_commands(target, code_sources(_REPO), _PYTHON.value), dry)
+        sources = code_sources(_REPO)
+        execute(setup_commands(target, sources, _PYTHON.value, _PYTHON_VERSION.value), dry)
     elif command == "ssh":
         line = shell_line(words) if words else None
         execute(ssh_commands(target, _WORKER.value, line, _SLICE.value), dry)

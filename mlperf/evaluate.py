@@ -54,7 +54,7 @@ class Evaluator:
         self.layout = partitioner.data_layout(global_batch_size)
         abstract = batch_abstract(partitioner, spec_of(host_batches[0]), global_batch_size)
         params = layout.abstract_train_state["params"]
-        self.with_outputs = has_host_metrics(task)
+        self.with_outputs = task.host_metrics
         step = eval_program(task, layout, partitioner, params, abstract)
         self.compiled = step.lower(params, abstract).compile()
 
@@ -87,7 +87,7 @@ class Evaluator:
         function waits for it; otherwise the metrics are ready on return.
         """
         sums = self.run_pass(params)
-        if not getattr(self.task, "async_finalize", False):
+        if not self.task.async_finalize:
             metrics = self.task.finalize_eval(sums)
             return lambda: metrics
         result: dict[str, Any] = {}
@@ -122,11 +122,11 @@ def eval_program(
     they share runs (and the global batch is assembled) once per batch. Outputs stay
     sharded over `batch`: each host reads back only its own rows. `params` and
     `abstract` (the batch) may be abstract; they give the output shapes."""
-    sums_fn = make_eval_step(task, layout)
-    if not has_host_metrics(task):
+    sums_fn = make_eval_step(task.eval_sums, layout)
+    if not task.host_metrics:
         fn, out_shardings = sums_fn, partitioner.replicated()
     else:
-        outputs_fn = make_eval_step(task, layout, method="eval_outputs")
+        outputs_fn = make_eval_step(task.eval_outputs, layout)
 
         def fn(p, b):
             return sums_fn(p, b), outputs_fn(p, b)
@@ -139,8 +139,3 @@ def eval_program(
     return partitioner.jit(
         fn, in_shardings=(layout.state_shardings["params"], None), out_shardings=out_shardings
     )
-
-
-def has_host_metrics(task: Task) -> bool:
-    """Whether the task computes part of its metrics on the hosts."""
-    return hasattr(task, "eval_outputs") and hasattr(task, "host_eval_stats")

@@ -23,14 +23,14 @@ from mlperf.mllog import MlLog, keys
 from mlperf.profiling import ProfileWindow
 from mlperf.reporting import Progress
 from mlperf.summaries import RunSummaries
-from mlperf.task import Phase, target_reached
+from mlperf.task import Phase
 from parallel.partition import DataLayout
 
 if TYPE_CHECKING:
     from mlperf.train import Trainer
 
 
-def eval_interval(config, phases: list[Phase]) -> int:
+def eval_interval(config, phases: tuple[Phase, ...]) -> int:
     every = config.train.eval_every_samples
     if every > 0:
         return every
@@ -201,7 +201,7 @@ class TrainLoop:
         metrics_fn = self.evaluator.start(params)
         self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
         self._pending_eval = (samples, self.step, metrics_fn)
-        if not getattr(self.task, "async_finalize", False):
+        if not self.task.async_finalize:
             self._take_eval()
 
     def _take_eval(self) -> None:
@@ -223,7 +223,7 @@ class TrainLoop:
                 for k, v in self.eval_metrics.items()
             )
             print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
-        if not self.reached and target_reached(self.task, self.eval_metrics):
+        if not self.reached and self.task.target_reached(self.eval_metrics):
             self.reached = True
             self.to_target = {
                 "time_to_target_s": self.elapsed_before + time.perf_counter() - self.start,

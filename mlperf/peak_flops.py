@@ -1,7 +1,8 @@
 """Peak FLOP/s of the devices in use, the denominator of model FLOPs utilisation (MFU).
 
-TPU: the chip's published dense bf16 peak, kept here as data, per JAX device (a v2/v3
-JAX device is one TensorCore, half a chip; v4 and later expose one device per chip).
+TPU and known GPUs (H100, H200, A100, T4): the chip's published dense bf16 peak from
+parallel/hardware.py, per JAX device (a v2/v3 JAX device is one TensorCore, half a
+chip; v4 in megacore mode and later expose one device per chip).
 CPU: there is no meaningful published number for a shared host, so the peak is measured:
 the FLOP/s of a large fp32 matmul, which XLA runs on all the host's cores at once (fake
 CPU devices share those cores, so the host's peak is the peak of all of them together).
@@ -17,18 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-# Published dense bf16 FLOP/s per JAX device, by `device.device_kind`.
-TPU_BF16_PEAK_PER_DEVICE = {
-    "TPU v2": 22.5e12,  # 45 TFLOP/s per chip, 2 cores
-    "TPU v3": 61.5e12,  # 123 TFLOP/s per chip, 2 cores
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,  # v5e
-    "TPU v5e": 197e12,
-    "TPU v5": 459e12,  # v5p
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,  # v6e (Trillium)
-    "TPU v6e": 918e12,
-}
+from parallel.hardware import bf16_peak_flops_per_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,41 +44,26 @@ def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
     return 2.0 * n**3 / statistics.median(times)
 
 
-def _published_per_device(device_kind: str) -> float | None:
-    """parallel/hardware.py's chip data when that module exists, else this file's table."""
-    try:  # the AOT planner's hardware data, owned by parallel/ (may not exist yet)
-        from parallel import hardware  # type: ignore[attr-defined]
-
-        lookup = getattr(hardware, "bf16_peak_flops_per_device", None)
-        if lookup is not None:
-            value = lookup(device_kind)
-            if value:
-                return float(value)
-    except ImportError:
-        pass
-    return TPU_BF16_PEAK_PER_DEVICE.get(device_kind)
-
-
 @functools.cache
 def _measured_peak() -> float:
     return measure_matmul_peak()
 
 
 def peak_for_devices(devices: list | None = None) -> Peak:
-    """Peak FLOP/s of `devices` (default: all of them): published for known TPUs,
-    measured once per process on CPU (and for unknown accelerators, with a note)."""
+    """Peak FLOP/s of `devices` (default: all of them): published for known TPUs and
+    GPUs, measured once per process on CPU (and for unknown accelerators, with a note)."""
     devices = list(jax.devices() if devices is None else devices)
     kind = devices[0].device_kind
-    if devices[0].platform == "tpu":
-        per_device = _published_per_device(kind)
-        if per_device is None:
-            raise ValueError(
-                f"no published peak for device kind {kind!r}; add it to "
-                "mlperf/peak_flops.py:TPU_BF16_PEAK_PER_DEVICE."
-            )
-        return Peak(per_device * len(devices), f"published bf16 ({kind}) x {len(devices)}")
     if devices[0].platform == "cpu":
         # Fake CPU devices share the host's cores: the host peak is the peak of them all.
         return Peak(_measured_peak(), "measured fp32 matmul (cpu host)")
+    per_device = bf16_peak_flops_per_device(kind)
+    if per_device is not None:
+        return Peak(per_device * len(devices), f"published bf16 ({kind}) x {len(devices)}")
+    if devices[0].platform == "tpu":
+        raise ValueError(
+            f"no published peak for device kind {kind!r}; add its chip to "
+            "parallel/hardware.py:CHIPS."
+        )
     per_device = _measured_peak()
     return Peak(per_device * len(devices), f"measured fp32 matmul ({kind}) x {len(devices)}")

@@ -143,10 +143,9 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(task: Task, layout: StateLayout, method: str = "eval_sums") -> Callable:
-    """Returns eval_step(params, batch) -> task.<method>(model, batch): by default the
-    dict of sums over the batch's real examples; "eval_outputs" gives per-example outputs."""
-    task_fn = getattr(task, method)
+def make_eval_step(task_fn: Callable, layout: StateLayout) -> Callable:
+    """Returns eval_step(params, batch) -> task_fn(model, batch): `Task.eval_sums` (sums
+    over the batch's real examples) or `Task.eval_outputs` (per-example outputs)."""
 
     def eval_step(params, batch):
         return task_fn(layout.model(params), batch)

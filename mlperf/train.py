@@ -28,7 +28,7 @@ from mlperf.checkpoint import (
 from mlperf.evaluate import Evaluator
 from mlperf.loop import PhaseRun, TrainLoop
 from mlperf.mllog import MlLog, keys
-from mlperf.optimizer import PhaseSchedule, build_optimizer, joined_schedule
+from mlperf.optimizer import build_optimizer
 from mlperf.peak_flops import peak_for_devices
 from mlperf.profiling import parse_steps
 from mlperf.reporting import params_fingerprint, summary_paragraph, write_result
@@ -57,7 +57,7 @@ class Trainer:
     config: Any
     task: Task
     partitioner: Partitioner
-    phases: list[Phase]
+    phases: tuple[Phase, ...]
     tx: optax.GradientTransformation
     schedule: optax.Schedule
     layout: StateLayout
@@ -122,37 +122,12 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     phases = task.phases()
     if prepare_data:
         layout0 = partitioner.data_layout(phases[0].global_batch_size)
-        task.prepare(layout0.shard_index, layout0.shard_count)
-    schedule = schedule_for(task, config, phases)
+        task = task.with_data(task.prepare(layout0.shard_index, layout0.shard_count))
+    schedule = task.schedule()
     model = abstract_model(task.build_model, config.seed)
     tx = build_optimizer(config.optimizer, schedule, stacked_leaves(model))
     layout = build_state_layout(model, tx, partitioner)
     return Trainer(config, task, partitioner, phases, tx, schedule, layout)
-
-
-def schedule_for(task, config, phases: list | None = None) -> optax.Schedule:
-    """The task's own schedule (the Transformer's rsqrt) if it brings one, else linear
-    warmup/decay per phase with x`lr_drop_factor` drops at the task's `lr_drop_steps()`
-    (SSD converts epochs) or the config's `optimizer.lr_drop_steps`."""
-    own = getattr(task, "schedule", None)
-    if own is not None and (schedule := own()) is not None:
-        return schedule
-    task_drops = getattr(task, "lr_drop_steps", None)
-    drops = task_drops() if task_drops else tuple(config.optimizer.get("lr_drop_steps", ()))
-    return joined_schedule(
-        [
-            PhaseSchedule(
-                p.learning_rate,
-                p.warmup_steps,
-                p.decay_steps,
-                p.steps,
-                power=config.optimizer.get("power", 1.0),
-                drop_steps=drops,
-                drop_factor=config.optimizer.get("lr_drop_factor", 0.1),
-            )
-            for p in (task.phases() if phases is None else phases)
-        ]
-    )
 
 
 def _platform_name() -> str:
@@ -182,7 +157,7 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
     mll.submission_info(task.benchmark, _platform_name())
     mll.event(keys.SEED, config.seed)
     mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
-    mll.hyperparameters(task.mllog_hparams(), getattr(task, "mllog_metadata", dict)())
+    mll.hyperparameters(task.mllog_hparams(), task.mllog_metadata())
 
     checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
     restored = None
@@ -282,11 +257,12 @@ def run(config, workdir: str, profile_steps: str = "") -> dict[str, Any]:
         "resumed_from_step": restored.step if restored is not None else None,
         "last_checkpoint": loop.last_saved,
     }
-    final_eval = getattr(task, "final_eval", None)
-    if final_eval is not None and loop.status == keys.SUCCESS:
+    if loop.status == keys.SUCCESS:
         # After run_stop, so outside the timed run: e.g. BLEU on whole test sets, where
         # the in-loop eval decodes a subset.
-        result["final_eval"] = final_eval(state["params"], trainer.layout, partitioner)
+        final_eval = task.final_eval(state["params"], trainer.layout, partitioner)
+        if final_eval:
+            result["final_eval"] = final_eval
     write_result(workdir, result)
     if is_main:
         print(summary_paragraph(result), flush=True)

@@ -5,11 +5,10 @@ Each failure is one ConfigError naming the value and what would fix it.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 
-from parallel.mesh import MeshShapeError, resolve_shape
+from parallel.mesh import MeshShapeError, resolve_mesh_shape
 
 
 class ConfigError(ValueError):
@@ -24,16 +23,8 @@ def mesh_sizes(config, num_devices: int) -> dict[str, int]:
             f"mesh.axes={tuple(m.axes)} and mesh.ici_shape={tuple(m.ici_shape)} "
             "must have the same length."
         )
-    dcn = tuple(m.dcn_shape)
     try:
-        dcn = resolve_shape(dcn, math.prod(d for d in dcn if d != -1) or 1, "mesh.dcn_shape")
-        slices = math.prod(dcn)
-        if num_devices % slices:
-            raise ConfigError(
-                f"mesh.dcn_shape={dcn} needs {slices} slices but {num_devices} "
-                "devices do not split into that many equal slices."
-            )
-        ici = resolve_shape(m.ici_shape, num_devices // slices, "mesh.ici_shape")
+        ici, dcn = resolve_mesh_shape(m.ici_shape, m.dcn_shape, num_devices, prefix="mesh.")
     except MeshShapeError as e:
         raise ConfigError(str(e)) from None
     return {a: i * d for a, i, d in zip(m.axes, ici, dcn, strict=True)}

@@ -197,6 +197,7 @@ def tpu_step_time(
     dcn_bytes: float = 0.0,
     dcn_bandwidth: float = 1.0,
     ici_scale: float = 1.0,
+    dcn_wire_bytes: float | None = None,
 ) -> StepTime:
     """One device's step on a TPU slice from its compiled program (per-device numbers).
 
@@ -205,11 +206,15 @@ def tpu_step_time(
     (else max(compute, memory) + ICI, no overlap), plus DCN for `slices` > 1: an
     all-reduce of `dcn_bytes` (the device's gradient shard) over the slices. `ici_scale`
     (a what-if on ICI bandwidth) changes the ICI term inside the compiler's estimate too.
+    `dcn_wire_bytes`, from a compiled multi-slice program (`parallel.dcn`), replaces
+    that modelled all-reduce: the bytes the collectives that cross slices send.
     """
     compute = flops / peak_flops
     memory = bytes_accessed / hbm_bandwidth
     ici = wire_bytes / (ici_bandwidth * ici_scale)
     dcn = ring_allreduce_s(dcn_bytes, slices, dcn_bandwidth)
+    if dcn_wire_bytes is not None:
+        dcn = dcn_wire_bytes / dcn_bandwidth
     if compiler_s is not None:
         base = compiler_s + ici - wire_bytes / ici_bandwidth
     else:

@@ -36,9 +36,15 @@ class Chip:
 
 
 # Cloud TPU prices: cloud.google.com/tpu/pricing, on-demand, us-central regions, as
-# recalled for early 2025 (v2/v3 per chip = the 8-core board price / 4). DCN is the
-# host's NIC shared by its 4 (v5e/v6e: up to 8) chips. Specs: Cloud TPU "System
-# architecture" pages and Jouppi et al. (CACM 2020, ISCA 2023).
+# read for early 2025 (v2/v3 per chip = the 8-core board price / 4). Chip specs: the
+# Cloud TPU "System architecture" pages (cloud.google.com/tpu/docs/v4, v5e, v5p, v6e;
+# read 2025-01): peak bf16 FLOP/s, HBM capacity and bandwidth, and the interchip
+# interconnect (ICI) bandwidth per chip, split here over its links (v4/v5p: 6 links of
+# a 3-D torus; v5e/v6e: 4 links of a 2-D torus); v2/v3 from Jouppi et al. (CACM 2020),
+# v4 also from Jouppi et al. (ISCA 2023). DCN is the host's NIC shared by its chips
+# (v2/v3/v4/v5p hosts: 4 chips; v5e/v6e hosts: 8 chips at most), a round figure from
+# the same pages' host descriptions: 100 Gb/s (v2-v4), 200 Gb/s (v5e, v5p), 400 Gb/s
+# (v6e), not a measured throughput.
 CHIPS: dict[str, Chip] = {
     "v2": Chip(
         "TPU v2",
@@ -77,7 +83,8 @@ CHIPS: dict[str, Chip] = {
         100 * GBIT / 4,
         3.22,
         "2025-01",
-        "Cloud TPU pricing; Jouppi et al. ISCA 2023",
+        "Cloud TPU v4 system architecture (275 TFLOP/s bf16, 32 GiB HBM2 at 1228 GB/s, "
+        "6 ICI links); Jouppi et al. ISCA 2023; Cloud TPU pricing ($3.22/chip-h)",
     ),
     "v5e": Chip(
         "TPU v5 lite",
@@ -90,7 +97,8 @@ CHIPS: dict[str, Chip] = {
         200 * GBIT / 8,
         1.20,
         "2025-01",
-        "Cloud TPU pricing; Cloud TPU v5e system architecture",
+        "Cloud TPU v5e system architecture (197 TFLOP/s bf16, 16 GB HBM2e at 819 GB/s, "
+        "ICI 1600 Gb/s over 4 links); Cloud TPU pricing ($1.20/chip-h)",
     ),
     "v5p": Chip(
         "TPU v5",
@@ -103,7 +111,8 @@ CHIPS: dict[str, Chip] = {
         200 * GBIT / 4,
         4.20,
         "2025-01",
-        "Cloud TPU pricing; Cloud TPU v5p system architecture",
+        "Cloud TPU v5p system architecture (459 TFLOP/s bf16, 95 GB HBM2e at 2765 GB/s, "
+        "ICI 4800 Gb/s over 6 links); Cloud TPU pricing ($4.20/chip-h)",
     ),
     "v6e": Chip(
         "TPU v6 lite",
@@ -116,7 +125,8 @@ CHIPS: dict[str, Chip] = {
         400 * GBIT / 8,
         2.70,
         "2025-01",
-        "Cloud TPU pricing; Cloud TPU v6e (Trillium) system architecture",
+        "Cloud TPU v6e (Trillium) system architecture (918 TFLOP/s bf16, 32 GB HBM at "
+        "1640 GB/s, ICI 3584 Gb/s over 4 links); Cloud TPU pricing ($2.70/chip-h)",
     ),
     # GPUs: NVIDIA data sheets; prices: Google Cloud on-demand GPU list (us-central1).
     "t4": Chip(
@@ -145,7 +155,42 @@ CHIPS: dict[str, Chip] = {
         "2025-01",
         "NVIDIA A100 data sheet; GCP a2-highgpu pricing",
     ),
+    # Hopper: dense bf16 (the data sheets' 1979 TFLOP/s is with 2:4 sparsity); NVLink 4
+    # is 900 GB/s per GPU both directions over 18 links; between nodes one 400 Gb/s NIC
+    # per GPU (the DGX H100/H200 reference design). Prices: GCP a3-highgpu-8g /
+    # a3-ultragpu-8g on demand (us-central1) divided by 8, as read for early 2025.
+    "h100": Chip(
+        "NVIDIA H100 80GB HBM3",
+        989e12,
+        80 * GB,
+        3350 * GB,
+        450 * GB,
+        1,
+        "switch",
+        400 * GBIT,
+        11.06,
+        "2025-01",
+        "NVIDIA H100 SXM5 data sheet (989 TFLOP/s dense bf16, 3.35 TB/s); GCP a3-highgpu",
+    ),
+    "h200": Chip(
+        "NVIDIA H200",
+        989e12,
+        141 * GB,
+        4800 * GB,
+        450 * GB,
+        1,
+        "switch",
+        400 * GBIT,
+        10.60,
+        "2025-01",
+        "NVIDIA H200 SXM data sheet (989 TFLOP/s dense bf16, 141 GB HBM3e at 4.8 TB/s); "
+        "GCP a3-ultragpu",
+    ),
 }
+# JAX device kinds that name a chip differently from CHIPS (one device per chip).
+_KIND_ALIASES = {"TPU v5e": "v5e", "TPU v5p": "v5p", "TPU v6e": "v6e", "Tesla T4": "t4"}
+# Generations whose JAX device is one TensorCore, half a chip (v4 runs in megacore).
+_CORES_PER_DEVICE_CHIP = {"v2": 2, "v3": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +234,37 @@ CLUSTERS: dict[str, Cluster] = {
 }
 
 
-def chip_for_device_kind(device_kind: str) -> Chip:
-    """The Chip whose name is a JAX device_kind such as 'TPU v3' or 'TPU v5 lite'."""
-    for chip in CHIPS.values():
+def chip_key_for_device_kind(device_kind: str) -> str | None:
+    """The CHIPS key of a JAX device_kind ('TPU v3', 'TPU v5 lite', 'NVIDIA H100 80GB
+    HBM3'); GPU kinds match by model name ('NVIDIA H100 PCIe' is an H100). None if unknown."""
+    if device_kind in _KIND_ALIASES:
+        return _KIND_ALIASES[device_kind]
+    for key, chip in CHIPS.items():
         if chip.name == device_kind:
-            return chip
-    known = ", ".join(sorted(c.name for c in CHIPS.values()))
-    raise KeyError(f"no hardware data for device kind {device_kind!r}; known: {known}.")
+            return key
+    for key, chip in CHIPS.items():
+        model = " ".join(chip.name.split()[:2])  # "NVIDIA H100"
+        if chip.name.startswith("NVIDIA") and device_kind.startswith(model):
+            return key
+    return None
+
+
+def chip_for_device_kind(device_kind: str) -> Chip:
+    """The Chip of a JAX device_kind such as 'TPU v3' or 'TPU v5 lite'."""
+    key = chip_key_for_device_kind(device_kind)
+    if key is None:
+        known = ", ".join(sorted(c.name for c in CHIPS.values()))
+        raise KeyError(f"no hardware data for device kind {device_kind!r}; known: {known}.")
+    return CHIPS[key]
+
+
+def bf16_peak_flops_per_device(device_kind: str) -> float | None:
+    """Published dense bf16 FLOP/s of one JAX device of this kind (a v2/v3 device is
+    one of the chip's two cores); None for kinds without data here."""
+    key = chip_key_for_device_kind(device_kind)
+    if key is None:
+        return None
+    return CHIPS[key].peak_flops / _CORES_PER_DEVICE_CHIP.get(key, 1)
 
 
 def override(chip: Chip, **changes: float) -> Chip:

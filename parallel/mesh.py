@@ -3,6 +3,11 @@
 This module is the only place that decides mesh axis types: meshes are built with
 `AxisType.Auto` so XLA's SPMD partitioner propagates shardings pjit-style (explicit
 "sharding in types" would force an `out_sharding` on every contracting matmul).
+
+On TPU, each slice's devices are laid out by `parallel.torus` (the last mesh axis on
+the fastest physical axes, physical axes split where a size needs it) and slices are
+stacked along `dcn_shape`, the DCN index major on each axis; `describe_mapping` says
+which layout a mesh got.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
+
+from parallel.torus import AxisMapping, MeshMappingError, slice_device_mesh
 
 
 class MeshShapeError(ValueError):
@@ -46,6 +52,37 @@ def resolve_shape(
     return shape
 
 
+def resolve_mesh_shape(
+    ici_shape: Sequence[int],
+    dcn_shape: Sequence[int] | None,
+    num_devices: int,
+    num_slices: int | None = None,
+    prefix: str = "",
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ICI shape, DCN shape) with their -1 entries filled for `num_devices` devices.
+
+    `num_slices` is the devices' slice count; None (a config checked before any device
+    is seen) takes it from dcn_shape, a -1 there counting as one slice. `prefix` names
+    the config block in error messages (e.g. "mesh.").
+    """
+    dcn = tuple(dcn_shape) if dcn_shape is not None else (1,) * len(ici_shape)
+    if len(dcn) != len(ici_shape):
+        raise MeshShapeError(
+            f"{prefix}ici_shape={tuple(ici_shape)} and {prefix}dcn_shape={dcn} need one "
+            "size per mesh axis each."
+        )
+    if num_slices is None:
+        num_slices = math.prod(d for d in dcn if d != -1) or 1
+    dcn = resolve_shape(dcn, num_slices, f"{prefix}dcn_shape")
+    slices = math.prod(dcn)
+    if num_devices % slices:
+        raise MeshShapeError(
+            f"{prefix}dcn_shape={dcn} needs {slices} slices but {num_devices} devices do "
+            "not split into that many equal slices."
+        )
+    return resolve_shape(ici_shape, num_devices // slices, f"{prefix}ici_shape"), dcn
+
+
 def build_mesh(
     axes: Sequence[str],
     ici_shape: Sequence[int],
@@ -66,18 +103,76 @@ def build_mesh(
             f"mesh axes {axes} need one size each: got ici_shape={tuple(ici_shape)}, "
             f"dcn_shape={dcn}."
         )
-    num_slices = math.prod(resolve_shape(dcn, _count_slices(devices), "dcn_shape"))
-    per_slice = len(devices) // num_slices
-    ici = resolve_shape(ici_shape, per_slice, "ici_shape")
-    dcn = resolve_shape(dcn, num_slices, "dcn_shape")
-    if num_slices > 1:
-        device_array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
-    elif devices[0].platform == "tpu":
+    ici, dcn = resolve_mesh_shape(ici_shape, dcn, len(devices), _count_slices(devices))
+    num_slices = math.prod(dcn)
+    if devices[0].platform == "tpu":
         # Physical-topology-aware placement so neighbouring mesh coordinates share ICI links.
-        device_array = mesh_utils.create_device_mesh(ici, devices)
+        try:
+            device_array, _ = _tpu_device_array(devices, axes, ici, dcn)
+        except MeshMappingError as e:
+            raise MeshShapeError(str(e)) from None
+    elif num_slices > 1:
+        device_array = _stack_slices(
+            [np.asarray(s, dtype=object).reshape(ici) for s in _by_slice(devices)], dcn
+        )
     else:
         device_array = np.asarray(devices, dtype=object).reshape(ici)
     return Mesh(device_array, axes, axis_types=(AxisType.Auto,) * len(axes))
+
+
+def _by_slice(devices: Sequence[jax.Device]) -> list[list[jax.Device]]:
+    """Devices grouped by slice_index (one group when there is none), in slice order."""
+    groups: dict[int, list[jax.Device]] = {}
+    for d in devices:
+        groups.setdefault(getattr(d, "slice_index", 0) or 0, []).append(d)
+    return [groups[k] for k in sorted(groups)]
+
+
+def _stack_slices(arrays: list[np.ndarray], dcn: tuple[int, ...]) -> np.ndarray:
+    """Per-slice logical meshes stacked over the DCN shape: axis i has size dcn_i x
+    ici_i, the slice index major (each ICI group stays inside one slice)."""
+    ici = arrays[0].shape
+    stacked = np.stack(arrays).reshape(dcn + ici)
+    n = len(ici)
+    order = [k for i in range(n) for k in (i, n + i)]  # (dcn_0, ici_0, dcn_1, ici_1, ...)
+    return stacked.transpose(order).reshape([d * i for d, i in zip(dcn, ici, strict=True)])
+
+
+def _tpu_device_array(
+    devices: Sequence[jax.Device], axes: tuple[str, ...], ici: tuple[int, ...], dcn: tuple[int, ...]
+) -> tuple[np.ndarray, AxisMapping]:
+    """Each slice laid out by `parallel.torus` (same sizes, same mapping), stacked."""
+    arrays, mapping = [], None
+    for group in _by_slice(devices):
+        array, mapping = slice_device_mesh(group, axes, ici)
+        arrays.append(array)
+    assert mapping is not None
+    return _stack_slices(arrays, dcn), mapping
+
+
+def describe_mapping(mesh: Mesh) -> str:
+    """How `build_mesh` lays a TPU mesh of these sizes on the hardware, e.g. `model=4 <-
+    x 4; data=64 <- x 4 x y 16 on 16x16 (x, y); split physical axes: x; DCN: data x 2
+    slices` (the DCN factor of each axis read from the mesh's slice indices); for other
+    devices, the plain device order."""
+    devices = list(mesh.devices.flat)
+    if devices[0].platform != "tpu":
+        return f"{devices[0].platform} devices in order (no physical topology)"
+    groups = _by_slice(devices)
+    sizes = mesh_shape(mesh)
+    dcn = {a: 1 for a in sizes}
+    if len(groups) > 1:  # which axes change slice: the DCN factor of each axis
+        slice_of = np.vectorize(lambda d: getattr(d, "slice_index", 0))(mesh.devices)
+        for i, a in enumerate(sizes):
+            moved = np.moveaxis(slice_of, i, 0).reshape(sizes[a], -1)
+            dcn[a] = len(set(moved[:, 0].tolist()))
+    ici = tuple(sizes[a] // dcn[a] for a in sizes)
+    _, mapping = _tpu_device_array(groups[0], tuple(sizes), ici, (1,) * len(sizes))
+    text = mapping.describe()
+    across = [f"{a} x {n}" for a, n in dcn.items() if n > 1]
+    if across:
+        text += f"; DCN: {', '.join(across)} slices"
+    return text
 
 
 def _count_slices(devices: Sequence[jax.Device]) -> int:

@@ -20,7 +20,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from parallel.mesh import mesh_shape
 from parallel.rules import DEFAULT_RULES, STACK_AXIS, Rules, logical_to_spec
-from parallel.weight_update import entry_axes, flat_layout, natural_layout
+from parallel.weight_update import entry_axes, flat_layout, natural_layout, without_axes
 
 PyTree = Any
 _ACTIVE: contextvars.ContextVar[Partitioner | None] = contextvars.ContextVar(
@@ -313,10 +313,5 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     if not manual:
         return jax.lax.with_sharding_constraint(x, partitioner.sharding(spec))
     # In a shard_map manual over some axes, only the remaining (auto) axes can be named.
-    entries = []
-    for entry in spec:
-        members = () if entry is None else ((entry,) if isinstance(entry, str) else entry)
-        kept = tuple(m for m in members if m not in manual)
-        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
     mesh = jax.sharding.get_abstract_mesh()
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*entries)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, without_axes(spec, manual)))

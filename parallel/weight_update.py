@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,16 @@ from jax.sharding import NamedSharding, PartitionSpec
 def entry_axes(entry) -> tuple[str, ...]:
     """Mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
     return () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+
+
+def without_axes(spec: PartitionSpec, axes: Collection[str]) -> PartitionSpec:
+    """`spec` with the mesh axes in `axes` removed from every entry (an entry left with
+    no axis becomes None, with one axis that name)."""
+    entries = []
+    for entry in spec:
+        kept = tuple(m for m in entry_axes(entry) if m not in axes)
+        entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    return PartitionSpec(*entries)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +79,7 @@ class UpdateLayout:
 
     def gathered_spec(self, data_axis: str) -> PartitionSpec:
         """The view's spec without the data axis (after the all-gather)."""
-        entries = []
-        for entry in self.spec:
-            kept = tuple(m for m in entry_axes(entry) if m != data_axis)
-            entries.append(None if not kept else kept[0] if len(kept) == 1 else kept)
-        return PartitionSpec(*entries)
+        return without_axes(self.spec, (data_axis,))
 
     def _keep_model_shards(self, y: jax.Array) -> jax.Array:
         """Pins the unpadded view [*prefix, local] to its model shards while tracing

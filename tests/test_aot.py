@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from configs.bert import get_config
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
 from mlperf.train import build_trainer
 from parallel.topology import TopologyError, get_topology, topology_for_chips
 
@@ -22,16 +22,18 @@ def test_topology_describes_cores_chips_and_hbm():
 
 
 def test_unknown_topology_lists_the_known_ones():
-    with pytest.raises(TopologyError, match=r"unknown TPU topology 'v9:4x4'.*v3:64x64"):
+    with pytest.raises(TopologyError, match=r"unknown TPU topology 'v9:4x4'.*v3: .*64x64"):
         get_topology("v9:4x4")
-    with pytest.raises(TopologyError, match=r"libtpu cannot describe.*'v3:3x3'.*v3:4x4"):
+    with pytest.raises(TopologyError, match=r"libtpu cannot describe.*'v3:3x3'.*v3: 2x2, 4x4"):
         get_topology("v3:3x3")
 
 
 def test_mesh_that_does_not_match_the_topology_names_both():
     config = get_config("tiny")
     config.mesh.ici_shape = (8, 8)  # 64 devices; v3:4x4 has 32
-    with pytest.raises(TopologyError, match=r"64 devices.*v3:4x4.*32 devices"):
+    with pytest.raises(
+        TopologyError, match=r"data=8,model=8 does not fit topology v3:4x4.*32 devices.*needs 64"
+    ):
         inspect_config(config, topology="v3:4x4")
 
 
@@ -139,7 +141,6 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     hosts): inspect must compile the detections the evaluator runs with them, not an
     empty program."""
     from configs.maskrcnn import get_config as maskrcnn_config
-    from launch.inspect import _eval_spec
     from mlperf.evaluate import eval_program
     from mlperf.steps import batch_abstract
     from parallel.aot import compiled_stats
@@ -148,7 +149,7 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     config.model.num_classes = 3  # no data prepared
     trainer = build_trainer(config, devices=devices, prepare_data=False)
     params = trainer.layout.abstract_train_state["params"]
-    spec = _eval_spec(trainer.task, trainer.phases[-1])
+    spec = trainer.task.eval_example_spec(trainer.phases[-1])
     batch = batch_abstract(trainer.partitioner, spec, config.train.eval_batch_size)
     step = eval_program(trainer.task, trainer.layout, trainer.partitioner, params, batch)
     lowered = step.lower(params, batch)

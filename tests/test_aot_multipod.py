@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from configs.bert import get_config
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
 from mlperf.tasks import get_task
 
 pytestmark = pytest.mark.xdist_group("aot")
@@ -56,3 +56,24 @@ def test_a_scanned_stack_is_estimated_like_the_unrolled_program():
     assert "layer_step_s" in scanned and "layer_step_s" not in unrolled
     assert scanned["compiler_step_s"] < 0.6 * unrolled["estimated_step_s"]  # one layer seen
     assert scanned["estimated_step_s"] == pytest.approx(unrolled["estimated_step_s"], rel=0.05)
+
+
+@pytest.mark.slow  # minutes, ~4 GB resident: the train step for 4096 v4 chips
+def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
+    """The same config on a current generation at the same chip count: v4:16x16x16,
+    one JAX device per chip (megacore), model=4 on four neighbours along x."""
+    config = get_config("mlperf_v07")
+    report = inspect_config(config, topology="v4:16x16x16", layer_estimate=False)
+    assert report["devices"] == 4096 and report["chips"] == 4096
+    assert report["device_kind"] == "TPU v4" and report["mesh"] == {"data": 1024, "model": 4}
+    assert report["mesh_mapping"].startswith("model=4 <- x 4; data=1024 <- x 4 x y 16 x z 16")
+    train = report["train"]
+    assert "error" not in train, train.get("error")
+    assert report["fits"] and report["hbm_per_device"] == 32 * GiB
+    assert train["gather_scatter"] == 0
+    assert train["estimated_step_s"] > 0  # the roofline: libtpu's v4 estimate is negative
+    # 8192 examples on 4096 chips, each model group of 4 splitting its examples' FLOPs:
+    # two examples' FLOPs per chip.
+    task = get_task(config)
+    analytic = task.flops_per_example(task.phases()[0]) * 8192 / 4096
+    assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)

@@ -89,16 +89,18 @@ def test_task_host_stats_and_finalize_match_sacrebleu_on_decoded_rows():
     from mlperf.transformer.task import TransformerTask
 
     vocab = _Vocab()
-    task = TransformerTask(get_config("tiny"))
-    task._data = TranslationData(
-        vocab=vocab,
-        vocab_size=vocab.get_piece_size(),
-        train_rows=None,
-        eval_records=None,
-        references={100 + i: r for i, r in enumerate(REFS)},
-        eval_length=16,
-        num_eval_examples=len(REFS),
-        summaries={},
+    task = TransformerTask(
+        get_config("tiny"),
+        TranslationData(
+            vocab=vocab,
+            vocab_size=vocab.get_piece_size(),
+            train_rows=None,
+            eval_records=None,
+            references={100 + i: r for i, r in enumerate(REFS)},
+            eval_length=16,
+            num_eval_examples=len(REFS),
+            summaries={},
+        ),
     )
     width = 16
     # Two host batches of 4 rows; the last row is padding (mask 0) with junk tokens.

@@ -17,8 +17,7 @@ def task(tmp_path_factory):
     c = get_config("tiny")
     c.data.update(shapes_images=96, eval_count=16, cache_dir=str(tmp_path_factory.mktemp("cache")))
     t = MaskRcnnTask(c)
-    t.prepare(0, 1)
-    return t
+    return t.with_data(t.prepare(0, 1))
 
 
 def _gt_as_detections(batch: dict[str, np.ndarray], out_size: int, shift_class: int = 0):

@@ -6,8 +6,9 @@ import pytest
 from conftest import small_bert_config
 
 from configs.bert import get_config
-from launch import plan, plan_reports
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
+from mlperf.planning import reports as plan_reports
+from mlperf.planning import search as plan
 
 pytestmark = pytest.mark.xdist_group("aot")
 

@@ -118,3 +118,14 @@ def test_gather_host_stats_stacks_one_entry_per_data_shard(devices):
     # One process holds every shard here: a leading axis of one entry, values untouched.
     assert stats["matches"].shape == (1, 2) and stats["n"].shape == (1,)
     np.testing.assert_array_equal(stats["matches"].sum(0), [3, 1])
+
+
+def test_config_mesh_sizes_are_the_sizes_of_the_built_mesh(devices):
+    """mlperf.validate checks a config's mesh with the resolution build_mesh uses."""
+    from configs.bert import get_config
+    from mlperf.validate import mesh_sizes
+
+    c = get_config("tiny")
+    c.mesh.ici_shape = (-1, 2)
+    mesh = build_mesh(c.mesh.axes, c.mesh.ici_shape, c.mesh.dcn_shape, devices)
+    assert mesh_sizes(c, len(devices)) == dict(mesh.shape) == {"data": 4, "model": 2}

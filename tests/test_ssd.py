@@ -118,7 +118,6 @@ def test_ssd_loss_normalises_per_image_and_ignores_empty_images():
 def test_mlperf_step_decay_is_one_phase_with_drops_at_epochs_64_and_80():
     from configs.ssd import get_config
     from mlperf.ssd.task import SsdTask
-    from mlperf.train import schedule_for
 
     config = get_config("mlperf_v07")
     task = SsdTask(config)
@@ -135,7 +134,7 @@ def test_mlperf_step_decay_is_one_phase_with_drops_at_epochs_64_and_80():
             2291,
         )
     )
-    lr = schedule_for(task, config)
+    lr = task.schedule()
     base = config.optimizer.learning_rate
     np.testing.assert_allclose(lr(375), base / 2, rtol=1e-6)  # half-way through warmup
     for step, want in [(750, base), (1832, base), (1833, base * 0.1), (2290, base * 0.1)]:
@@ -155,12 +154,11 @@ def test_mlperf_step_decay_is_one_phase_with_drops_at_epochs_64_and_80():
 def test_tiny_schedule_is_one_phase_with_linear_warmup_and_decay():
     from configs.ssd import get_config
     from mlperf.ssd.task import SsdTask
-    from mlperf.train import schedule_for
 
     config = get_config("tiny")
     task = SsdTask(config)
     (phase,) = task.phases()
     assert phase.steps == 300 and task.lr_drop_steps() == ()
-    lr = schedule_for(task, config)
+    lr = task.schedule()
     np.testing.assert_allclose(lr(20), 3e-3, rtol=1e-6)
     np.testing.assert_allclose(lr(160), 3e-3 * 140 / 280, rtol=1e-5)

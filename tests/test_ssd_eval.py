@@ -24,15 +24,14 @@ def task(tmp_path_factory):
     c = get_config("tiny")
     c.data.update(cache_dir=str(tmp_path_factory.mktemp("cache")), shapes_images=40, eval_count=16)
     t = SsdTask(c)
-    t.prepare(0, 1)
-    return t
+    return t.with_data(t.prepare(0, 1))
 
 
 def _detections_from_ground_truth(task, rows_per_batch=4, slots=12, seed=0):
     """NMS-style outputs (normalised boxes) and eval batches: jittered true boxes with
     random scores plus false positives, padded like the evaluator pads."""
     rng = np.random.default_rng(seed)
-    data = task._require_data()
+    data = task.data.coco
     n = len(data.eval)
     outputs, batches = [], []
     for start in range(0, n + 2 * rows_per_batch, rows_per_batch):  # two padding batches
@@ -78,7 +77,7 @@ def test_task_map_equals_pycocotools_on_a_results_json(task, tmp_path):
 
     path = str(tmp_path / "results.json")
     write_results(path, task.coco_results(sums))
-    gt = COCO(task._require_data().eval_gt_path)
+    gt = COCO(task.data.coco.eval_gt_path)
     coco_eval = COCOeval(gt, gt.loadRes(path), iouType="bbox")
     coco_eval.evaluate()
     coco_eval.accumulate()

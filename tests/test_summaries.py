@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from mlperf.peak_flops import TPU_BF16_PEAK_PER_DEVICE, peak_for_devices
+from mlperf.peak_flops import peak_for_devices
 from mlperf.profiling import ProfileWindow, parse_steps
 from mlperf.reporting import Progress
 from mlperf.summaries import RunSummaries, read_scalars
+from parallel.hardware import bf16_peak_flops_per_device
 
 
 def test_summaries_round_trip(tmp_path):
@@ -56,7 +57,12 @@ def test_progress_without_peak_has_no_mfu(capsys):
 def test_cpu_peak_is_measured_and_tpu_peaks_are_data():
     peak = peak_for_devices(jax.devices())
     assert peak.flops_per_s > 1e8 and "measured" in peak.source
-    assert TPU_BF16_PEAK_PER_DEVICE["TPU v4"] == 275e12
+    assert bf16_peak_flops_per_device("TPU v4") == 275e12
+    assert bf16_peak_flops_per_device("TPU v3") == 61.5e12  # one of a chip's two cores
+    assert bf16_peak_flops_per_device("TPU v5 lite") == 197e12
+    assert bf16_peak_flops_per_device("NVIDIA H100 80GB HBM3") == 989e12
+    assert bf16_peak_flops_per_device("NVIDIA H200") == 989e12
+    assert bf16_peak_flops_per_device("Some Accelerator") is None
 
 
 def test_profile_window_traces_the_steps(tmp_path):

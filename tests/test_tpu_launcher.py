@@ -163,9 +163,44 @@ def test_setup_cleans_copies_and_installs_on_all_workers():
             "pod",
             "--worker=all",
             *scope,
-            '--command=cd ~/multipod && python3 -m pip install -e ".[tpu]"',
+            "--command=cd ~/multipod && ( python3 -m pip install --user --upgrade uv || "
+            "python3 -m pip install --user --upgrade --break-system-packages uv ) && "
+            "~/.local/bin/uv venv --python 3.11 ~/multipod/.venv && "
+            '~/.local/bin/uv pip install --python ~/multipod/.venv/bin/python -e ".[tpu]"',
         ],
     ]
+
+
+def test_setup_without_a_python_version_installs_into_the_image_python():
+    [*_, install] = tpu.setup_commands(tpu.Target("pod", "z"), ["/src"], "python3.11", "")
+    assert _command_flag(install) == 'cd ~/multipod && python3.11 -m pip install -e ".[tpu]"'
+
+
+@pytest.mark.parametrize(
+    "accelerator_type, runtime",
+    [
+        ("v4-512", "tpu-ubuntu2204-base"),
+        ("v5litepod-256", "v2-alpha-tpuv5-lite"),
+        ("v5p-1024", "v2-alpha-tpuv5"),
+        ("v6e-256", "v2-alpha-tpuv6e"),
+    ],
+)
+def test_dry_run_create_and_setup_for_each_current_generation(accelerator_type, runtime):
+    proc = _cli(
+        "create", "--name=p", "--zone=z", f"--accelerator_type={accelerator_type}", "--dry_run"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert shlex.split(proc.stdout) == [
+        *TPU_VM,
+        "create",
+        "p",
+        "--zone=z",
+        f"--accelerator-type={accelerator_type}",
+        f"--version={runtime}",
+    ]
+    proc = _cli("setup", "--name=p", "--zone=z", "--dry_run")
+    install = shlex.split(proc.stdout.splitlines()[-1])
+    assert "uv venv --python 3.11 ~/multipod/.venv" in _command_flag(install)
 
 
 def test_setup_multislice_covers_every_node():
@@ -196,6 +231,7 @@ def test_run_single_slice_env_and_quoting():
     assert cmd[:8] == [*TPU_VM, "ssh", "pod", "--worker=all", "--zone=z"]
     remote = _command_flag(cmd)
     assert remote.startswith("cd ~/multipod && mkdir -p ~/multipod_logs && ")
+    assert ' && export PATH="$HOME/multipod/.venv/bin:$PATH" && ' in remote
     assert "export XLA_FLAGS='--xla_a=1 --xla_b=2'" in remote
     assert shlex.split(remote.split("export NAME=")[1].split(" && ")[0]) == ["it's"]
     assert remote.endswith(" ) 2>&1 | tee ~/multipod_logs/run.log")

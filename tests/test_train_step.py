@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import small_bert_config, synthetic_bert_batch, train_steps
 
-from launch.inspect import inspect_config
+from mlperf.inspection import inspect_config
 from mlperf.train import build_trainer
 from parallel.aot import hlo_op_stats
 

@@ -152,6 +152,7 @@ def test_final_bleu_records_accumulate_per_set_and_unknown_sets_are_named(tmp_pa
     import json
 
     from mlperf.transformer import final_bleu
+    from mlperf.transformer.task import TransformerTask
 
     (tmp_path / "result.json").write_text(json.dumps({"benchmark": "transformer"}))
     final_bleu.record(str(tmp_path), 241, {"test": {"bleu": 20.5}})
@@ -166,4 +167,4 @@ def test_final_bleu_records_accumulate_per_set_and_unknown_sets_are_named(tmp_pa
     c = get_config("multi30k")
     assert set(c.eval.final_sets) == {"val", "test_2016_flickr"}
     with pytest.raises(ValueError, match="unknown final eval sets.*test_2017"):
-        final_bleu.evaluate_sets(c, None, None, None, ["test_2017"])
+        final_bleu.evaluate_sets(TransformerTask(c), None, None, None, ["test_2017"])

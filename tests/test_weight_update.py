@@ -220,3 +220,12 @@ def test_views_round_trip_a_params_tree(devices):
     grads = jax.tree.map(jnp.ones_like, params)
     updates, _ = tx.update(to_views(grads, layouts), tx.init(views), views)
     assert float(jnp.abs(updates["a"][15:]).max()) == 0.0
+
+
+def test_without_axes_drops_mesh_axes_from_every_entry():
+    from parallel.weight_update import without_axes
+
+    spec = P(("data", "model"), "data", None, ("model", "data", "pipe"))
+    assert without_axes(spec, ("data",)) == P("model", None, None, ("model", "pipe"))
+    assert without_axes(spec, {"data", "model"}) == P(None, None, None, "pipe")
+    assert without_axes(spec, ()) == spec

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -13,7 +15,7 @@ from input_pipeline.bert_data import BertData, build_bert_data
 from input_pipeline.pretraining_examples import feature_spec
 from mlperf.bert.model import BertConfig, BertForPreTraining
 from mlperf.mllog import keys
-from mlperf.task import Phase
+from mlperf.task import Phase, Task, from_config
 from parallel.precision import policy_from_config
 
 
@@ -26,36 +28,44 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array, einsum_gather: bool) ->
     return -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
 
 
-class BertTask:
+@dataclasses.dataclass(frozen=True)
+class BertPrepared:
+    """What BertTask.prepare builds: the data of each phase's input shape on this shard,
+    keyed by (seq_length, max_predictions, shard_index, shard_count)."""
+
+    data: Mapping[tuple[int, int, int, int], BertData]
+
+    @property
+    def vocab_size(self) -> int:
+        return next(iter(self.data.values())).vocab_size
+
+    @property
+    def num_eval_examples(self) -> int:
+        return next(iter(self.data.values())).num_eval_examples
+
+
+class BertTask(Task[BertPrepared]):
     """MLPerf BERT pretraining (phase 1 and optional phase 2)."""
 
     benchmark = "bert"
     target_metric = "mlm_accuracy"
-
-    def __init__(self, config):
-        self.config = config
-        self.target_value = float(config.train.target)
-        self._data: dict[tuple, BertData] = {}
-        self._vocab_size: int | None = None
 
     # ---- data ----------------------------------------------------------------------------
     def _bert_data(
         self, seq_length: int, max_predictions: int, shard_index: int, shard_count: int
     ) -> BertData:
         key = (seq_length, max_predictions, shard_index, shard_count)
-        if key not in self._data:
-            self._data[key] = build_bert_data(
-                self.config.data, seq_length, max_predictions, shard_index, shard_count
-            )
-            self._vocab_size = self._data[key].vocab_size
-        return self._data[key]
+        if self.has_data and key in self.data.data:
+            return self.data.data[key]
+        return build_bert_data(self.config.data, seq_length, max_predictions, *key[2:])
 
-    def prepare(self, shard_index: int, shard_count: int) -> None:
+    def prepare(self, shard_index: int, shard_count: int) -> BertPrepared:
         """Builds (or loads the cached) data for every phase before anything compiles."""
+        data = {}
         for phase in self.phases():
-            self._bert_data(
-                phase.data["seq_length"], phase.data["max_predictions"], shard_index, shard_count
-            )
+            key = (phase.data["seq_length"], phase.data["max_predictions"])
+            data[(*key, shard_index, shard_count)] = self._bert_data(*key, shard_index, shard_count)
+        return BertPrepared(data)
 
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
         data = self._bert_data(
@@ -78,10 +88,10 @@ class BertTask:
         return feature_spec(phase.data["seq_length"], phase.data["max_predictions"])
 
     def num_eval_examples(self) -> int:
-        return next(iter(self._data.values())).num_eval_examples
+        return self.data.num_eval_examples
 
     # ---- phases --------------------------------------------------------------------------
-    def phases(self) -> list[Phase]:
+    def make_phases(self) -> list[Phase]:
         c = self.config
         p2 = c.phase2
         phase1_steps = c.train.steps
@@ -116,22 +126,16 @@ class BertTask:
     def model_config(self) -> BertConfig:
         m = self.config.model
         # The data's vocabulary wins; without prepared data (inspect, AOT) the config's.
-        vocab = self._vocab_size or m.vocab_size or self.config.data.vocab_size
+        vocab = m.vocab_size or self.config.data.vocab_size
+        if self.has_data:
+            vocab = self.data.vocab_size
         # A config may pad the table (30522 -> 30528) so the vocab splits over `model`.
         vocab = max(vocab, m.vocab_size)
-        return BertConfig(
+        return from_config(
+            BertConfig,
+            m,
             vocab_size=vocab,
-            hidden_size=m.hidden_size,
-            num_layers=m.num_layers,
-            num_heads=m.num_heads,
-            mlp_dim=m.mlp_dim,
-            max_position=m.max_position,
-            type_vocab_size=m.type_vocab_size,
-            dropout_rate=m.dropout_rate,
             einsum_gather=self.config.einsum_gather,
-            scan_layers=bool(m.get("scan_layers", False)),
-            scan_unroll=int(m.get("scan_unroll", 1)),
-            remat=bool(m.get("remat", False)),
             compute_dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
             ).compute_dtype,

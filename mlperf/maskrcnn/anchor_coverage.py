@@ -1,6 +1,5 @@
-"""How well the RPN's anchors cover a data set's ground-truth boxes (numpy, no model).
-
-    python -m mlperf.maskrcnn.anchor_coverage --config configs/maskrcnn.py:coco128
+"""How well the RPN's anchors cover a data set's ground-truth boxes (numpy, no model);
+`python -m launch.maskrcnn_anchor_coverage` prints it for a config.
 
 For each ground-truth box of the training split, as the pipeline prepares it (resized
 and padded, no augmentation): its best anchor IoU and how many anchors reach each RPN
@@ -12,20 +11,12 @@ anchor IoU is far below the threshold is one the RPN sees a single, poor, positi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
-from ml_collections import config_flags
 
-from mlperf.maskrcnn.boxes import AnchorConfig, all_anchors, iou
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A Mask R-CNN config.")
-_SCALES = flags.DEFINE_list("anchor_scales", ["2", "3", "4", "6", "8"], "anchor_scale values.")
-_THRESHOLDS = flags.DEFINE_list("pos_iou", ["0.7", "0.5"], "RPN positive IoU thresholds.")
-_NUM_SCALES = flags.DEFINE_list("num_scales", ["1", "2"], "Anchor sizes per octave.")
+from mlperf.maskrcnn.boxes import iou
 
 
 def coverage(
@@ -74,31 +65,10 @@ def train_gt_boxes(config) -> tuple[np.ndarray, tuple[float, ...]]:
     from mlperf.maskrcnn.task import MaskRcnnTask
 
     task = MaskRcnnTask(config)
-    examples = maskrcnn_data.EvalExamples(task.data().train, task.input_params())
+    train = task.prepare(shard_index=0, shard_count=1).coco.train
+    examples = maskrcnn_data.EvalExamples(train, task.input_params())
     boxes = []
     for i in range(len(examples)):  # index: the record source ends by ValueError
         ex = examples[i]
         boxes.append(ex["gt_boxes"][ex["gt_classes"] > 0])
     return np.concatenate(boxes), tuple(config.model.aspect_ratios)
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
-    gt, ratios = train_gt_boxes(config)
-    size = (config.data.image_size, config.data.image_size)
-    print(json.dumps({"sizes": size_summary(gt)}), flush=True)
-    thresholds = [float(t) for t in _THRESHOLDS.value]
-    for num_scales in (int(n) for n in _NUM_SCALES.value):
-        for scale in (float(s) for s in _SCALES.value):
-            # The model's levels: P2..P6 (strides 4..64).
-            cfg = AnchorConfig(2, 6, num_scales, aspect_ratios=ratios, anchor_scale=scale)
-            anchors = all_anchors(size, cfg)
-            row = coverage(gt, anchors, thresholds)
-            row.update(anchor_scale=scale, num_scales=num_scales, anchors=len(anchors))
-            print(json.dumps(row), flush=True)
-
-
-if __name__ == "__main__":
-    app.run(main)

@@ -3,6 +3,7 @@ segm, pycocotools on the hosts in a background thread), two quality targets."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -22,26 +23,32 @@ from mlperf.maskrcnn.boxes import AnchorConfig
 from mlperf.maskrcnn.model import MaskRcnn, MaskRcnnConfig
 from mlperf.maskrcnn.postprocess import coco_results
 from mlperf.mllog import keys
-from mlperf.task import Phase, single_phase
+from mlperf.task import Phase, Task, single_phase
 from parallel.precision import policy_from_config
 
 BOX_AP = "box_ap"
 MASK_AP = "mask_ap"
 
 
-class MaskRcnnTask:
+@dataclasses.dataclass(frozen=True)
+class MaskRcnnData:
+    """What MaskRcnnTask.prepare builds: the COCO-format splits and the COCO evaluator
+    that finalize_eval scores against (the eval split's ground truth)."""
+
+    coco: CocoData
+    evaluator: CocoEvaluator
+
+
+class MaskRcnnTask(Task[MaskRcnnData]):
     """MLPerf Mask R-CNN: box mAP and mask mAP targets on COCO-format data."""
 
     benchmark = "maskrcnn"
     target_metric = BOX_AP
     async_finalize = True  # COCOeval runs in a background thread
 
-    def __init__(self, config):
-        self.config = config
-        self.target_value = float(config.train.target)
+    def __init__(self, config, data: MaskRcnnData | None = None):
+        super().__init__(config, data)
         self.mask_target = float(config.train.mask_target)
-        self._data: CocoData | None = None
-        self._evaluator: CocoEvaluator | None = None
 
     # ---- data ----------------------------------------------------------------------------
     def input_params(self) -> maskrcnn_data.MaskRcnnInput:
@@ -79,21 +86,15 @@ class MaskRcnnTask:
             categories=tuple(d.categories),
         )
 
-    def data(self) -> CocoData:
-        """The prepared (cached) data set."""
-        if self._data is None:
-            self._data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
-        return self._data
-
-    def prepare(self, shard_index: int, shard_count: int) -> None:
+    def prepare(self, shard_index: int, shard_count: int) -> MaskRcnnData:
         """Builds (or loads) the data set and the eval ground truth before compiling."""
         del shard_index, shard_count  # every host reads the same prepared set
-        data = self.data()
-        self._evaluator = CocoEvaluator(data.eval_gt_path, data.label_to_category)
+        data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
+        return MaskRcnnData(data, CocoEvaluator(data.eval_gt_path, data.label_to_category))
 
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
         return maskrcnn_data.train_loader(
-            self.data().train,
+            self.data.coco.train,
             self.input_params(),
             host_batch_size,
             seed=self.config.seed,
@@ -103,13 +104,13 @@ class MaskRcnnTask:
         )
 
     def num_eval_examples(self) -> int:
-        n = len(self.data().eval)
+        n = len(self.data.coco.eval)
         limit = self.config.data.get("max_eval_examples", 0)
         return min(n, limit) if limit else n
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
         return self.eval_batches(
-            self.data().eval,
+            self.data.coco.eval,
             global_batch_size,
             shard_index,
             shard_count,
@@ -146,25 +147,26 @@ class MaskRcnnTask:
         return eval_ground_truth(
             load_coco_json(self.coco_folder().annotations),
             [{"image_id": int(r["image_id"])} for r in records],
-            self.data().label_to_category,
+            self.data.coco.label_to_category,
         )
 
-    def score_against(self, gt_path: str) -> None:
-        """Makes `finalize_eval` score against the COCO ground-truth file gt_path (the
-        eval split's by default)."""
-        self._evaluator = CocoEvaluator(gt_path, self.data().label_to_category)
+    def scored_against(self, gt_path: str) -> MaskRcnnTask:
+        """This task with `finalize_eval` scoring against the COCO ground-truth file
+        gt_path (the eval split's by default)."""
+        evaluator = CocoEvaluator(gt_path, self.data.coco.label_to_category)
+        return self.with_data(dataclasses.replace(self.data, evaluator=evaluator))
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         return maskrcnn_data.example_spec(self.input_params(), train=True)
 
     # ---- phases and model ----------------------------------------------------------------
-    def phases(self) -> list[Phase]:
+    def make_phases(self) -> list[Phase]:
         return [single_phase(self.config, {"image_size": self.config.data.image_size})]
 
     def num_classes(self) -> int:
         """Foreground classes: from the prepared data, else the config (inspect, AOT)."""
-        if self._data is not None:
-            return self._data.num_classes - 1
+        if self.has_data:
+            return self.data.coco.num_classes - 1
         if self.config.model.num_classes <= 0:
             raise ValueError("model.num_classes must be set when the data is not prepared.")
         return self.config.model.num_classes
@@ -264,16 +266,12 @@ class MaskRcnnTask:
         return cat
 
     def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
-        if self._evaluator is None:
-            data = self.data()
-            self._evaluator = CocoEvaluator(data.eval_gt_path, data.label_to_category)
-
         def flat(name):
             x = np.asarray(sums[name])
             return x.reshape(-1, *x.shape[2:])
 
         box_res, seg_res = coco_results(
-            self._evaluator,
+            self.data.evaluator,
             flat("image_id"),
             flat("scale"),
             flat("boxes"),
@@ -282,8 +280,8 @@ class MaskRcnnTask:
             flat("valid"),
             flat("masks"),
         )
-        box = self._evaluator.evaluate(box_res, "bbox")
-        seg = self._evaluator.evaluate(seg_res, "segm")
+        box = self.data.evaluator.evaluate(box_res, "bbox")
+        seg = self.data.evaluator.evaluate(seg_res, "segm")
         return {
             BOX_AP: box["AP"],
             MASK_AP: seg["AP"],

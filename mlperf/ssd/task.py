@@ -8,6 +8,7 @@ detections of every shard and returns the box mAP.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any
@@ -25,7 +26,7 @@ from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_b
 from mlperf.ssd.loss import ssd_loss_per_image
 from mlperf.ssd.model import Ssd, SsdConfig
 from mlperf.ssd.nms import batched_nms
-from mlperf.task import Phase, single_phase
+from mlperf.task import Phase, Task, single_phase
 from parallel.precision import policy_from_config
 
 
@@ -55,21 +56,26 @@ def check_spatial_partitioning(config) -> None:
         )
 
 
-class SsdTask:
+@dataclasses.dataclass(frozen=True)
+class SsdData:
+    """What SsdTask.prepare builds: the COCO-format splits and their COCO evaluator."""
+
+    coco: CocoData
+    evaluator: CocoEvaluator
+
+
+class SsdTask(Task[SsdData]):
     """MLPerf SSD: box mAP on COCO-format data."""
 
     benchmark = "ssd"
     target_metric = "mAP"
     async_finalize = True  # COCOeval runs in a background thread while training continues
 
-    def __init__(self, config):
-        self.config = config
-        self.target_value = float(config.train.target)
-        self.anchors = anchor_config(config.model)
+    def __init__(self, config, data: SsdData | None = None):
+        super().__init__(config, data)
         check_spatial_partitioning(config)
-        self._data: CocoData | None = None
-        self._evaluator: CocoEvaluator | None = None
-        self._encoder: BoxEncoder | None = None
+        self.anchors = anchor_config(config.model)
+        self.encoder = BoxEncoder(self.anchors)
 
     # ---- data ------------------------------------------------------------------------
     def _cache_dir(self) -> str:
@@ -100,41 +106,34 @@ class SsdTask:
             categories=tuple(d.categories),
         )
 
-    def prepare(self, shard_index: int, shard_count: int) -> None:
-        """Builds (or loads) the data set, the box encoder and the COCO evaluator."""
+    def prepare(self, shard_index: int, shard_count: int) -> SsdData:
+        """Builds (or loads) the data set and the COCO evaluator."""
         del shard_index, shard_count  # every host reads the same random-access splits
-        if self._data is None:
-            self._data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
-            classes = self.config.model.num_classes
-            if classes and classes != self._data.num_classes:
-                raise ValueError(
-                    f"model.num_classes={classes} but the data has {self._data.num_classes} "
-                    "classes (with background); set it to 0 to take the data's."
-                )
-            self._evaluator = CocoEvaluator(self._data.eval_gt_path, self._data.label_to_category)
-            self._encoder = BoxEncoder(self.anchors)
-
-    def _require_data(self) -> CocoData:
-        if self._data is None:
-            raise RuntimeError("SsdTask.prepare() must run before reading data.")
-        return self._data
+        data = prepare_coco(self.coco_folder(), os.path.join(self._cache_dir(), "tfds"))
+        classes = self.config.model.num_classes
+        if classes and classes != data.num_classes:
+            raise ValueError(
+                f"model.num_classes={classes} but the data has {data.num_classes} "
+                "classes (with background); set it to 0 to take the data's."
+            )
+        return SsdData(data, CocoEvaluator(data.eval_gt_path, data.label_to_category))
 
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
         return ssd_data.train_loader(
-            self._require_data().train,
+            self.data.coco.train,
             host_batch_size,
             self.config.seed,
             shard_index,
             shard_count,
             self.anchors.image_size,
-            self._encoder,
+            self.encoder,
             worker_count=self.config.data.get("input_workers", 0),
             colour=self.config.data.get("colour_distort", False),
         )
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
         return ssd_data.eval_batches(
-            self._require_data().eval,
+            self.data.coco.eval,
             self.anchors.image_size,
             global_batch_size,
             shard_index,
@@ -151,7 +150,7 @@ class SsdTask:
         }
 
     def num_eval_examples(self) -> int:
-        n = len(self._require_data().eval)
+        n = len(self.data.coco.eval)
         cap = self.config.data.max_eval_examples
         return min(n, cap) if cap > 0 else n
 
@@ -177,14 +176,14 @@ class SsdTask:
             steps = tuple(math.ceil(e * per_epoch) for e in o.lr_drop_epochs)
         return tuple(s for s in steps if 0 < s < c.train.steps)
 
-    def phases(self) -> list[Phase]:
+    def make_phases(self) -> list[Phase]:
         """One phase: the step drops live in the schedule, so the train step compiles once."""
         return [single_phase(self.config, {})]
 
     # ---- model -------------------------------------------------------------------------
     def model_config(self) -> SsdConfig:
         m = self.config.model
-        classes = m.num_classes or (self._data.num_classes if self._data else 0)
+        classes = m.num_classes or (self.data.coco.num_classes if self.has_data else 0)
         if not classes:
             raise ValueError("model.num_classes is 0 and no data is prepared to take it from.")
         return SsdConfig(
@@ -284,10 +283,11 @@ class SsdTask:
         keep = dets[..., 4] > 0  # filled NMS slots
         image_ids = np.broadcast_to(ids[:, None], keep.shape)[keep]
         d = dets[keep]
-        return self._evaluator.box_results(image_ids, d[:, :4], d[:, 4], d[:, 5].astype(np.int64))
+        labels = d[:, 5].astype(np.int64)
+        return self.data.evaluator.box_results(image_ids, d[:, :4], d[:, 4], labels)
 
     def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
-        stats = self._evaluator.evaluate(self.coco_results(sums))
+        stats = self.data.evaluator.evaluate(self.coco_results(sums))
         return {
             "mAP": stats["AP"],
             "AP50": stats["AP50"],

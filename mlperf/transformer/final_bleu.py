@@ -6,14 +6,9 @@ finished run is this one: beam search over every sentence of each set in
 `eval.final_sets` (name -> (source file, target file), relative to data.data_dir),
 with the same distributed evaluator (statistics summed over hosts).
 
-    python -m mlperf.transformer.final_bleu --config configs/transformer.py:multi30k \
-        --workdir W [--config.data.data_dir=/work/shared/data]
-
-restores the newest checkpoint in W (the run's last step: the loop checkpoints at every
-eval and the last step is an eval), writes W/final_bleu.json, appends one
-{"kind": "final_eval"} line per set to W/metrics.jsonl and adds "final_eval" to
-W/result.json. `TransformerTask.final_eval` runs the same from inside a process that
-still holds the trained parameters.
+`TransformerTask.final_eval` runs it inside the training process, which still holds the
+trained parameters; `python -m launch.final_bleu` runs it on a finished run's newest
+checkpoint and records the result (`record`).
 """
 
 from __future__ import annotations
@@ -24,10 +19,10 @@ import time
 from typing import Any
 
 import jax
-from absl import app, flags
-from ml_collections import config_flags
 
+from input_pipeline.translation_data import build_translation_data
 from mlperf.evaluate import Evaluator
+from mlperf.task import Task
 
 
 def set_config(config, source: str, target: str):
@@ -40,12 +35,11 @@ def set_config(config, source: str, target: str):
 
 
 def evaluate_sets(
-    config, params: Any, layout, partitioner, names: list[str] | None = None
+    task: Task, params: Any, layout, partitioner, names: list[str] | None = None
 ) -> dict[str, dict[str, float]]:
-    """BLEU (and teacher-forced loss) of `params` on the sets of config.eval.final_sets
-    (all, or those in `names`)."""
-    from mlperf.transformer.task import TransformerTask  # the task imports this module
-
+    """BLEU (and teacher-forced loss) of `params` on the sets of the task's
+    config.eval.final_sets (all, or those in `names`)."""
+    config = task.config
     sets = config.eval.get("final_sets", None) or {}
     if not sets:
         raise ValueError(
@@ -60,11 +54,12 @@ def evaluate_sets(
         if names and name not in names:
             continue
         start = time.perf_counter()
-        task = TransformerTask(set_config(config, source, target), with_train=False)
+        set_cfg = set_config(config, source, target)
+        # Evaluation only: the training rows are not packed.
+        set_task = type(task)(set_cfg, build_translation_data(set_cfg.data, with_train=False))
         data_layout = partitioner.data_layout(batch)
-        task.prepare(data_layout.shard_index, data_layout.shard_count)
-        batches = task.eval_data(batch, data_layout.shard_index, data_layout.shard_count)
-        evaluator = Evaluator(task, layout, partitioner, batches, batch)
+        batches = set_task.eval_data(batch, data_layout.shard_index, data_layout.shard_count)
+        evaluator = Evaluator(set_task, layout, partitioner, batches, batch)
         metrics = evaluator.evaluate(params)
         metrics["eval_s"] = time.perf_counter() - start
         results[name] = metrics
@@ -99,39 +94,3 @@ def record(workdir: str, step: int, results: dict[str, dict[str, float]]) -> Non
         result["final_eval"] = {"step": step, **merged}
         with open(result_path, "w") as f:
             json.dump(result, f, indent=2)
-
-
-def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from mlperf.checkpoint import CheckpointConfig, Checkpointer
-    from mlperf.train import build_trainer
-
-    config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
-    if config is None or not workdir:
-        raise app.UsageError("--config and --workdir are required.")
-    # The layout only: the model's vocabulary size is the config's, rounded up as in training.
-    trainer = build_trainer(config, prepare_data=False)
-    checkpointer = Checkpointer(
-        CheckpointConfig.from_config(config, workdir), trainer.task.target_metric, read_only=True
-    )
-    restored = checkpointer.restore_latest(trainer.layout.abstract_train_state)
-    if restored is None:
-        raise SystemExit(f"no checkpoint under {workdir}: train first (launch.train).")
-    names = [n for n in flags.FLAGS.sets.split(",") if n] or list(config.eval.final_sets)
-    for name in names:  # recorded one by one: a long second set does not hold up the first
-        results = evaluate_sets(
-            config, restored.state["params"], trainer.layout, trainer.partitioner, [name]
-        )
-        record(workdir, restored.step, results)
-
-
-if __name__ == "__main__":
-    # Defined here, not at import: the task imports this module inside launch.train,
-    # which has its own --config flag.
-    config_flags.DEFINE_config_file(
-        "config", None, "The run's config, e.g. configs/transformer.py:multi30k."
-    )
-    flags.DEFINE_string("workdir", None, "The finished run's work directory.")
-    flags.DEFINE_string("sets", "", "Comma-separated names of eval.final_sets ('' = all).")
-    app.run(main)

@@ -21,7 +21,7 @@ from flax import nnx
 from input_pipeline import packing, translation_vocab
 from input_pipeline.translation_data import TranslationData, build_translation_data
 from mlperf.mllog import keys
-from mlperf.task import Phase, single_phase
+from mlperf.task import Phase, Task, from_config, single_phase
 from mlperf.transformer import bleu, final_bleu
 from mlperf.transformer.beam_search import beam_search
 from mlperf.transformer.model import Transformer, TransformerConfig
@@ -72,70 +72,56 @@ def eval_rows(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
     return out
 
 
-class TransformerTask:
+class TransformerTask(Task[TranslationData]):
     """MLPerf Transformer translation with BLEU in the loop."""
 
     benchmark = "transformer"
     target_metric = "bleu_fraction"
 
-    def __init__(self, config, with_train: bool = True):
-        self.config = config
-        self.with_train = with_train  # False: evaluation only, training rows not packed
-        self.target_value = float(config.train.target) / 100.0
-        self._data: TranslationData | None = None
+    @property
+    def target_value(self) -> float:
+        return float(self.config.train.target) / 100.0  # BLEU 25.0 -> 0.25
 
     # ---- data ----------------------------------------------------------------------------
-    def prepare(self, shard_index: int, shard_count: int) -> None:
+    def prepare(self, shard_index: int, shard_count: int) -> TranslationData:
         """Builds (or loads the cached) vocabulary, dataset and packed rows."""
         del shard_index, shard_count  # every host holds the (small) index; rows are sharded
-        self.data()
+        return build_translation_data(self.config.data, with_train=True)
 
-    def data(self) -> TranslationData:
-        if self._data is None:
-            self._data = build_translation_data(self.config.data, with_train=self.with_train)
-        return self._data
-
-    def phases(self) -> list[Phase]:
+    def make_phases(self) -> list[Phase]:
         return [single_phase(self.config, {"length": self.config.data.max_length})]
 
     def schedule(self):
-        """The rsqrt schedule (optimizer.schedule == "rsqrt"), else None (the loop's
-        linear warmup + polynomial decay)."""
+        """The rsqrt schedule (optimizer.schedule == "rsqrt"), else the loop's linear
+        warmup + polynomial decay."""
         o = self.config.optimizer
         if o.get("schedule", "rsqrt") != "rsqrt":
-            return None
+            return super().schedule()
         return rsqrt_schedule(o.learning_rate, o.warmup_steps, o.get("rsqrt_hidden", 0))
 
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
-        return self.data().train_iterator(
-            host_batch_size, self.config.seed, shard_index, shard_count
-        )
+        return self.data.train_iterator(host_batch_size, self.config.seed, shard_index, shard_count)
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         return {name: ((phase.data["length"],), "int32") for name in packing.PACKED_FIELDS}
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
-        return self.data().eval_batches(global_batch_size, shard_index, shard_count)
+        return self.data.eval_batches(global_batch_size, shard_index, shard_count)
 
     def num_eval_examples(self) -> int:
-        return self.data().num_eval_examples
+        return self.data.num_eval_examples
 
     # ---- model ---------------------------------------------------------------------------
     def model_config(self) -> TransformerConfig:
-        m = self.config.model
         # The trained vocabulary wins; without prepared data (inspect, AOT) the config's.
-        vocab = self._data.vocab_size if self._data is not None else self.config.data.vocab_size
+        vocab = self.data.vocab_size if self.has_data else self.config.data.vocab_size
         # Rounded up so that the vocab axis splits evenly over `model`; the extra ids are
         # never targets and are dropped if decoded.
         vocab = VOCAB_MULTIPLE * math.ceil(vocab / VOCAB_MULTIPLE)
-        return TransformerConfig(
+        return from_config(
+            TransformerConfig,
+            self.config.model,
             vocab_size=vocab,
-            emb_dim=m.emb_dim,
-            num_heads=m.num_heads,
-            num_layers=m.num_layers,
-            mlp_dim=m.mlp_dim,
-            dropout_rate=m.dropout_rate,
-            attention_dropout_rate=m.attention_dropout_rate,
             einsum_gather=self.config.einsum_gather,
             compute_dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
@@ -210,7 +196,7 @@ class TransformerTask:
 
     def translations(self, outputs: list[dict], batches: list[dict]) -> tuple[list, list]:
         """(hypotheses, references) of this host's real eval rows, in order."""
-        data = self.data()
+        data = self.data
         hyps, refs = [], []
         for out, b in zip(outputs, batches, strict=True):
             for tokens, index, mask in zip(out["tokens"], b["index"], b["mask"], strict=True):
@@ -241,7 +227,7 @@ class TransformerTask:
         Nothing (an empty dict) when the config names no final sets."""
         if not self.config.eval.get("final_sets", None):
             return {}
-        return final_bleu.evaluate_sets(self.config, params, layout, partitioner)
+        return final_bleu.evaluate_sets(self, params, layout, partitioner)
 
     # ---- reporting -----------------------------------------------------------------------
     def mllog_metadata(self) -> dict[str, dict[str, Any]]:

@@ -33,7 +33,7 @@ REFERENCE_TOPOLOGY = "v3:2x2"  # 8 TPU v3 cores: a quick compile for FLOPs per e
 def reference_costs(config, topology: str = REFERENCE_TOPOLOGY) -> dict[str, float]:
     """FLOPs and HBM bytes per training example and gradient bytes, from compiling the
     config data-parallel on a small TPU slice (one example per device)."""
-    from launch.inspect import inspect_config
+    from mlperf.inspection import inspect_config
     from parallel.topology import get_topology
 
     devices = len(get_topology(topology).devices)
@@ -142,7 +142,7 @@ def honesty_rows(proxy: str = "", seed: bool = True) -> list[dict[str, Any]]:
     over smaller groups, so only their latency terms differ (a ring's bandwidth term
     2(g-1)/g n barely changes between g = 8 and g = 2048).
     """
-    from launch.plan import candidates, evaluate
+    from mlperf.planning.search import candidates, evaluate
     from parallel.topology import get_topology, topology_for_chips
 
     rows = []

@@ -1,7 +1,7 @@
 """COCO box and mask mAP of a Mask R-CNN run's checkpoint and of the untrained model, on
 the eval split and on the training split, outside the training loop.
 
-    python -m mlperf.maskrcnn.split_eval --workdir W [--step N]
+    python -m launch.maskrcnn_split_eval --workdir W [--step N]
 
 The config comes from the checkpoint (a run's workdir); the untrained parameters are
 the initialisation of that config's seed: the baseline that a trained model's mAP must
@@ -58,17 +58,18 @@ def split_metrics(workdir: str, step: int = -1) -> list[dict[str, Any]]:
     trained = ckpt.restore_step(step, trainer.layout.abstract_train_state).state["params"]
     ckpt.close()
     untrained = trainer.init_state()["params"]
-    data = task.data()
+    data = task.data.coco
     size = config.train.eval_batch_size
     layout = trainer.partitioner.data_layout(size)
     evaluator, results = None, []
     for split, records in (("eval", data.eval), ("train", data.train)):
         gt = data.eval_gt_path if split == "eval" else _write_ground_truth(task, records)
-        task.score_against(gt)
+        scored = task.scored_against(gt)
         batches = task.eval_batches(records, size, layout.shard_index, layout.shard_count)
         if evaluator is None:
-            evaluator = Evaluator(task, trainer.layout, trainer.partitioner, batches, size)
-        evaluator.host_batches = batches  # same shapes: the compiled step is reused
+            evaluator = Evaluator(scored, trainer.layout, trainer.partitioner, batches, size)
+        # Same shapes: the compiled step is reused with the other split and ground truth.
+        evaluator.task, evaluator.host_batches = scored, batches
         for name, params in (("untrained", untrained), (f"step {step}", trained)):
             metrics = evaluator.evaluate(params)
             metrics.update(split=split, params=name, images=len(records))

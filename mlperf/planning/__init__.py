@@ -1,0 +1,2 @@
+"""The cluster planner's library: candidate search and ranking (`search`) and the
+analytic reports (`reports`); `launch.plan` is its command line."""

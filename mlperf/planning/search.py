@@ -1,0 +1,284 @@
+"""The planner's search: candidate parallelisations of a config on a TPU slice, each
+compiled through libtpu (`inspect_config`) and modelled (`parallel.costmodel`), ranked by
+time to train; plus the ranked table and plot. `launch.plan` is its command line.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import math
+import time
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One parallelisation choice on one slice."""
+
+    topology: str
+    model: int  # size of the first non-data mesh axis (tensor / spatial partitions)
+    mode: str  # "wus" (weight-update sharding), "fsdp" or "replicated"
+    microbatches: int
+    remat: bool | None = None  # None: the config has no remat switch
+
+    @property
+    def label(self) -> str:
+        remat = "" if self.remat is None else f" remat={int(self.remat)}"
+        return f"{self.topology} model={self.model} {self.mode} micro={self.microbatches}{remat}"
+
+
+def steps_to_target(config) -> int:
+    """Steps to the quality target: config.plan.steps_to_target, else the step budget."""
+    plan = config.get("plan")
+    if plan is not None and plan.get("steps_to_target"):
+        return int(plan.steps_to_target)
+    steps = config.train.steps
+    if config.get("phase2") and config.phase2.enabled:
+        steps = math.ceil(config.phase2.start_samples / config.train.global_batch_size)
+        steps += config.phase2.steps
+    return int(steps)
+
+
+def apply_candidate(config, cand: Candidate, devices: int, slices: int = 1):
+    """A copy of `config` set up for one candidate on one slice of `devices` devices."""
+    c = copy.deepcopy(config)
+    axes = tuple(c.mesh.axes)
+    other = next((a for a in axes if a != "data"), None)
+    if other is None and cand.model > 1:
+        raise ValueError(f"mesh.axes={axes} has no axis besides 'data' to split the model.")
+    sizes = {a: 1 for a in axes}
+    sizes["data"] = devices // cand.model
+    if other is not None:
+        sizes[other] = cand.model
+    c.mesh.ici_shape = tuple(sizes[a] for a in axes)
+    c.mesh.dcn_shape = (1,) * len(axes)
+    c.parallel.weight_update_sharding = cand.mode in ("wus", "fsdp")
+    c.parallel.fsdp = cand.mode == "fsdp"
+    c.train.microbatches = cand.microbatches
+    if slices > 1:  # one slice's share of the global batch; DCN is modelled
+        c.train.global_batch_size //= slices
+        c.train.eval_batch_size = max(c.train.eval_batch_size // slices, sizes["data"])
+    if cand.remat is not None:
+        c.model.remat = cand.remat
+    return c
+
+
+def candidates(config, topology: str, devices: int, full: bool, slices: int = 1) -> list:
+    """The config's own setting first, then one knob at a time (or every combination)."""
+    base_model = 1
+    axes = tuple(config.mesh.axes)
+    if len(axes) > 1:
+        other = next(a for a in axes if a != "data")
+        size = config.mesh.ici_shape[axes.index(other)]
+        base_model = size if size > 0 else 1
+    base_mode = "fsdp" if config.parallel.fsdp else "wus"
+    if not config.parallel.weight_update_sharding:
+        base_mode = "replicated"
+    has_remat = "remat" in config.model
+    base = Candidate(
+        topology,
+        base_model,
+        base_mode,
+        config.train.microbatches,
+        bool(config.model.remat) if has_remat else None,
+    )
+    gbs = config.train.global_batch_size // slices
+    models = [m for m in (1, 2, 4, 8, 16) if devices % m == 0] if len(axes) > 1 else [1]
+    modes = ["wus", "fsdp", "replicated"]
+    micros = [1, 2, 4]
+    remats = [False, True] if has_remat else [None]
+    if full:
+        grid = [
+            Candidate(topology, m, mode, k, r)
+            for m, mode, k, r in itertools.product(models, modes, micros, remats)
+        ]
+    else:
+        grid = [base]
+        grid += [dataclasses.replace(base, model=m) for m in models]
+        grid += [dataclasses.replace(base, mode=mode) for mode in modes]
+        grid += [dataclasses.replace(base, microbatches=k) for k in micros]
+        grid += [dataclasses.replace(base, remat=r) for r in remats]
+    seen, out = set(), []
+    for cand in grid:
+        data = devices // cand.model
+        if cand in seen or gbs % (data * cand.microbatches):
+            continue  # a batch that does not split over data x microbatches
+        seen.add(cand)
+        out.append(cand)
+    return out
+
+
+def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
+    """Compiles one candidate and models its step; failures become a row with `error`."""
+    from mlperf.inspection import inspect_config
+    from parallel import costmodel
+    from parallel.topology import get_topology
+
+    topo = get_topology(cand.topology)
+    slices = int(what_if.get("slices", 1))
+    row: dict[str, Any] = {"candidate": cand.label, **dataclasses.asdict(cand)}
+    row.update(chips=topo.chips * slices, slices=slices)
+    try:
+        # Multi-slice: the real program over every slice, `data` spanning them over DCN.
+        c = apply_candidate(config, cand, len(topo.devices))
+        if slices > 1:
+            data = len(topo.devices) // cand.model * slices
+            c.train.eval_batch_size = -(-c.train.eval_batch_size // data) * data
+        report = inspect_config(c, topology=cand.topology, slices=slices)
+    except Exception as e:  # reported in the table; the plan goes on
+        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        return row
+    train = report["train"]
+    hbm = topo.hbm_per_device * what_if.get("hbm_scale", 1.0)
+    total = report["bytes_per_device"]["total"]
+    row.update(
+        mesh=report["mesh"],
+        memory_per_device=total,
+        hbm_per_device=hbm,
+        fits=None if total is None else bool(total <= hbm),
+        compile_time_s=train.get("compile_time_s"),
+    )
+    if "error" in train and not train.get("out_of_memory"):
+        row["error"] = train["error"]
+        return row
+    if "error" in train:  # out of memory at the real capacity: no step estimate
+        row["note"] = "compiler: out of HBM"
+        return row
+    per_chip = topo.devices_per_chip
+    chip = topo.chip
+    grad_shard = report["bytes_per_device"]["params"]
+    if report["weight_update_sharding"]:
+        grad_shard /= report["mesh"].get("data", 1)
+    step = costmodel.tpu_step_time(
+        flops=train["flops_per_device"],
+        bytes_accessed=train["bytes_accessed_per_device"],
+        wire_bytes=sum(train["collective_wire_bytes"].values()),
+        # Without a usable compiler estimate: max(compute, HBM) + ICI, analytically.
+        compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
+        peak_flops=chip.peak_flops / per_chip,
+        hbm_bandwidth=chip.hbm_bandwidth / per_chip,
+        ici_bandwidth=2 * chip.link_bandwidth / per_chip,
+        slices=slices,
+        dcn_bytes=grad_shard,
+        dcn_bandwidth=chip.dcn_bandwidth / per_chip * what_if.get("dcn_scale", 1.0),
+        ici_scale=what_if.get("ici_scale", 1.0),
+        dcn_wire_bytes=train.get("dcn_wire_bytes"),
+    )
+    steps = steps_to_target(config)
+    price = what_if.get("price") or chip.price_per_hour
+    ttt = steps * step.total_s
+    row.update(
+        step_s=step.total_s,
+        compute_s=step.compute_s,
+        memory_s=step.memory_s,
+        comm_s=step.comm_s,
+        dcn_s=step.dcn_s,
+        dcn_collectives=train.get("dcn_collectives"),
+        dcn_wire_bytes=train.get("dcn_wire_bytes"),
+        compiler_s=step.compiler_s,
+        steps=steps,
+        time_to_train_s=ttt,
+        chip_hours=row["chips"] * ttt / 3600,
+        cost_usd=row["chips"] * ttt / 3600 * price,
+        samples_per_s_per_chip=config.train.global_batch_size / step.total_s / row["chips"],
+    )
+    return row
+
+
+def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fitting candidates by time to train, then those that do not fit, then failures;
+    scaling efficiency = throughput per chip against the smallest slice's best."""
+    ok = [r for r in rows if "time_to_train_s" in r]
+    if ok:
+        smallest = min(r["chips"] for r in ok)
+        ref = max(r["samples_per_s_per_chip"] for r in ok if r["chips"] == smallest)
+        for r in ok:
+            r["scaling_efficiency"] = r["samples_per_s_per_chip"] / ref
+
+    def key(r):
+        if "time_to_train_s" not in r:
+            return (2, 0.0)
+        return (0 if r["fits"] else 1, r["time_to_train_s"])
+
+    return sorted(rows, key=key)
+
+
+def plan(config, topologies: list[str], what_if: dict[str, float], full: bool, budget_s: float):
+    """Compiles candidates on each slice until the budget is spent; returns ranked rows."""
+    from parallel.topology import get_topology
+
+    start, rows = time.perf_counter(), []
+    for name in topologies:
+        devices = len(get_topology(name).devices)
+        for cand in candidates(config, name, devices, full, int(what_if.get("slices", 1))):
+            if time.perf_counter() - start > budget_s:
+                rows.append({"candidate": cand.label, "skipped": "compile budget spent"})
+                continue
+            rows.append(evaluate(config, cand, what_if))
+    return rank(rows)
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("h", 3600), ("min", 60), ("s", 1), ("ms", 1e-3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x * 1e6:.3g} us"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of the ranked candidates."""
+    head = (
+        "| # | candidate | mem/device | fits | step | compute | HBM | comm | compiler "
+        "| time to train | chip-h | $ | scaling eff. |"
+    )
+    lines = [head, "|" + "---|" * 13]
+    for i, r in enumerate(rows, 1):
+        if "error" in r or "skipped" in r:
+            why = f"failed: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
+            lines.append(f"| {i} | {r['candidate']} | {why} |" + " |" * 10)
+            continue
+        mem = r.get("memory_per_device")
+        mem_txt = "-" if mem is None else f"{mem / (1 << 30):.2f} GiB"
+        fits = {True: "yes", False: "NO", None: "?"}[r.get("fits")]
+        if "step_s" not in r:
+            lines.append(f"| {i} | {r['candidate']} | {mem_txt} | {fits} | {r.get('note')} |")
+            continue
+        lines.append(
+            f"| {i} | {r['candidate']} | {mem_txt} | {fits} | {_fmt_s(r['step_s'])} | "
+            f"{_fmt_s(r['compute_s'])} | {_fmt_s(r['memory_s'])} | {_fmt_s(r['comm_s'])} | "
+            f"{_fmt_s(r['compiler_s'])} | {_fmt_s(r['time_to_train_s'])} | "
+            f"{r['chip_hours']:.3g} | {r['cost_usd']:.3g} | {r['scaling_efficiency']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Step time and memory per device for each compiled candidate (bar charts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "step_s" in r]
+    labels = [r["candidate"] for r in ok]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6, len(ok) * 0.9), 7), sharex=True)
+    x = range(len(ok))
+    bottom = [0.0] * len(ok)
+    for name in ("compute_s", "memory_s", "comm_s"):
+        vals = [r[name] * 1e3 for r in ok]
+        ax1.bar(x, vals, bottom=bottom, label=name.removesuffix("_s") + " (analytic)")
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax1.plot(x, [r["step_s"] * 1e3 for r in ok], "k*", label="predicted step")
+    ax1.set_ylabel("ms per step")
+    ax1.legend(fontsize=8)
+    ax2.bar(x, [r["memory_per_device"] / (1 << 30) for r in ok], color="tab:gray")
+    for hbm in {r["hbm_per_device"] for r in ok}:
+        ax2.axhline(hbm / (1 << 30), color="red", linestyle="--", linewidth=1)
+    ax2.set_ylabel("GiB per device (red: HBM)")
+    ax2.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
