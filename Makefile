@@ -2,18 +2,24 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two stamps: `make run` needs only the package; the test targets add the `test` extra.
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 DATA_DIR ?= ../shared/data
 WORKDIR ?= /tmp/multipod
 CPU_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: run test test-system test-slow quality quality-real lint format clean
+.PHONY: run test test-system test-ci-slow test-slow quality quality-real results-table lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e .
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(TEST_STAMP)
 
 venv: $(STAMP)
 
@@ -23,25 +29,36 @@ run: $(STAMP)
 	$(CPU_ENV) $(PY) -m launch.train --config configs/bert.py:tiny --workdir $(WORKDIR)/bert_tiny
 
 # The suite without the tests marked slow (long end-to-end runs; see test-slow).
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
 
-# Multi-client runs, checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly;
-# SIGTERM on every process of a 2x4 run), BERT end-to-end + compliance and the 24-layer BERT-large
-# compile for the 4096-chip v3:64x64 multipod (CI runs these).
-test-system: $(STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_end_to_end.py tests/test_aot_multipod.py
+# Multi-client runs and their failures (a missing or dead peer, the preflight gate),
+# checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly; SIGTERM on every
+# process of a 2x4 run; refused config changes, failed saves), BERT end-to-end + compliance,
+# the BERT-large compiles for v3:64x64 and v4:16x16x16, BERT from a pretrained checkpoint and
+# Mask R-CNN from an ImageNet backbone (CI runs these).
+test-system: $(TEST_STAMP)
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_aot_multipod.py \
+		tests/test_checkpoint_import.py tests/test_backbone_finetune.py
 
-# Every slow test: the above plus every model's tiny run to its target, spatial-partitioning
-# equivalences and multi-process evals of the other models (not timed on an idle machine;
-# the spatial equivalences alone took 18-25 min on a loaded one).
-test-slow: $(STAMP)
+# The other slow tests CI runs (rows of docs/parallelism.md's techniques table and claims of
+# docs/): spatial-partitioning equivalences (SSD 1x8 / 2x4, Mask R-CNN 2x4), the SSD and
+# Transformer evals on 2 processes x 4 devices, the real planner ranking, the Transformer tiny
+# run's MLPerf log through the compliance checker.
+CI_SLOW_TESTS := tests/test_ssd_spatial.py tests/test_maskrcnn_model.py tests/test_ssd_eval.py \
+	tests/test_plan.py tests/test_transformer_e2e.py
+test-ci-slow: $(TEST_STAMP)
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow $(CI_SLOW_TESTS)
+
+# Every slow test: the above plus every model's tiny run to its target as a test (CI runs
+# those as `make quality`).
+test-slow: $(TEST_STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-format: $(STAMP)
+format: $(TEST_STAMP)
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 # Time-to-accuracy runs that CI checks: every model's tiny run, and BERT wikitext when the data exists.
@@ -51,9 +68,13 @@ quality: $(STAMP)
 	  $(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality; \
 	else echo "quality: $(DATA_DIR) not found, skipping real-data runs"; fi
 
-# Real-data runs (minutes each); results go in README.md.
+# Real-data runs (minutes each).
 quality-real: $(STAMP)
 	$(CPU_ENV) $(PY) -m launch.quality --runs bert:wikitext,transformer:multi30k,ssd:coco128,maskrcnn:coco128 --data_dir $(DATA_DIR) --workdir $(WORKDIR)/quality-real
+
+# The README's results table, from the result.json of every quality run found.
+results-table: $(STAMP)
+	$(PY) -m launch.results_table --results '$(WORKDIR)/quality/*,$(WORKDIR)/quality-real/*' --readme README.md
 
 clean:
 	rm -rf $(VENV) *.egg-info

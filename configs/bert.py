@@ -160,7 +160,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         c.precision.compute_dtype = "float32"
         c.optimizer.update(learning_rate=1e-2, warmup_steps=50, weight_decay=0.01)
         # Measured: 0.125 is reached after ~450-600 steps (~2 min on 2 cores), about
-        # 2.3x the unigram baseline (0.055 at step 50); see README "Results".
+        # 2.3x the unigram baseline (0.055 at step 50); see the README's results table.
         c.train.update(
             global_batch_size=64,
             steps=1000,

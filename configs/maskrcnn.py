@@ -146,7 +146,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             eval_batch_size=64,
             log_every_steps=25,
             # Measured (500-step schedule): box/mask mAP 0.15/0.16 at step 100, 0.51/0.53
-            # at step 200; untrained 0.001. See README "Mask R-CNN".
+            # at step 200; untrained 0.001. See docs/benchmarks.md.
             target=0.45,
             mask_target=0.45,
         )
@@ -167,7 +167,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             scale_range=(0.8, 1.25),
         )
         # Anchors and RPN matcher for its tiny people (median box 13 px, 37% under 8 px
-        # at 128 px; `python -m launch.maskrcnn_anchor_coverage`, README "Mask R-CNN"):
+        # at 128 px; `python -m launch.maskrcnn_anchor_coverage`, docs/design.md):
         # with 16 px anchors and positives at IoU 0.7, 77% of the boxes of 8 px or more
         # had no positive anchor, and 89% of the RPN's positives were anchors tied at a
         # tiny IoU around a box of a few pixels (the best-anchor rule). Two sizes per
@@ -190,7 +190,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             eval_every_samples=16 * 100,
             eval_batch_size=32,
             log_every_steps=25,
-            # Measured (README "Mask R-CNN"): held-out person box/mask mAP 0.0063/0.0050
+            # Measured (docs/benchmarks.md): held-out person box/mask mAP 0.0063/0.0050
             # at step 600, 0.0042/0.0011 at 700, 0.0053/0.0022 at 800 (AP50 0.021/0.012)
             # against the untrained model's 0.0/0.0 (box AP50 0.00003). The targets sit
             # below the last evals: a weak detector from scratch on 96 images that fits

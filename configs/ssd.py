@@ -134,7 +134,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             name="adam", learning_rate=3e-3, warmup_steps=20, power=1.0, l2_weight_decay=0.0
         )
         c.eval.update(pre_nms_top_k=100, max_detections=50)
-        # Measured (8 fake devices, 2 shared cores under heavy load): mAP 0.004 / 0.044 /
+        # Measured (8 fake devices, 2-core CPU container): mAP 0.004 / 0.044 /
         # 0.110 / 0.220 / 0.267 / 0.308 at steps 50..300; untrained ~0.0005.
         c.train.update(
             global_batch_size=32,
@@ -163,7 +163,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             name="adam", learning_rate=3e-3, warmup_steps=50, power=1.0, l2_weight_decay=0.0
         )
         c.eval.update(pre_nms_top_k=100, max_detections=50)
-        # Measured (8 fake devices, 2 cores at load average ~35), held-out person mAP at
+        # Measured (2-core CPU container; docs/benchmarks.md), held-out person mAP at
         # steps 100..800: 0.0012 / 0.0027 / 0.0048 / 0.0161 / 0.0167 / 0.0175 / 0.0170 /
         # 0.0171 (AP50 0.030 at 800); the untrained model (same eval, step 0) scores
         # 0.00009 (AP50 0.0003). Target 0.01: >100x the untrained mAP, reached from step

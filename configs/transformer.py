@@ -132,7 +132,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     elif arg == "multi30k":
         # Sized for ~30 minutes on a shared 2-core CPU: a narrow model (the tied output
         # projection over 4,096 ids is then the largest matmul) seeing as many sentence
-        # pairs as possible; see README for the measured BLEU.
+        # pairs as possible; see docs/benchmarks.md for the measured BLEU.
         c.model.update(
             emb_dim=128,
             num_heads=4,

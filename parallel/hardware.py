@@ -3,7 +3,7 @@
 Every figure is a published peak or list price, recorded with where it comes from and
 when it was read, so a reader can check or replace it (the planner takes overrides).
 Peaks are never tuned to make a prediction match a measurement: the honesty table in
-the README compares the model against published MLPerf times with these numbers as
+docs/aot-and-planning.md compares the model against published MLPerf times with these numbers as
 they are.
 
 Units: FLOP/s, bytes, bytes/s, US dollars per accelerator-hour.

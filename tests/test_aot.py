@@ -73,7 +73,6 @@ def test_a_config_that_cannot_fit_is_reported_not_raised():
     assert r["hbm_headroom_bytes"] < 0
 
 
-@pytest.mark.slow  # ~60 s: BERT-large's abstract layout over 8192 devices, twice
 def test_bert_large_wus_on_the_multipod_divides_optimizer_state_by_data():
     """BERT-large (mlperf_v07) on v3:64x64 at the config's own data=2048 x model=4: the
     layout alone (no compile) gives bytes per device. No dimension of BERT-large (1024,

@@ -92,7 +92,7 @@ def test_gather_path_has_gathers():
     assert stats["gather_scatter"] > 0
 
 
-@pytest.mark.slow  # two full train-step compiles: 18 min at load average ~30 on 2 cores
+@pytest.mark.slow  # two full train-step compiles (CI: make test-ci-slow)
 def test_spatial_partitioning_equals_unpartitioned():
     base = small_config(**{"mesh.ici_shape": (2, 4)})
     spatial = small_config(**{"mesh.ici_shape": (2, 4), "parallel.rules": (("height", "model"),)})

@@ -160,7 +160,7 @@ def _run(out, cache, processes: int, devices: int) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow  # one eval-step compile per process, no train step: 267-411 s at load 30-35
+@pytest.mark.slow  # eval subprocesses on 1 x 8 and 2 x 4 (CI: make test-ci-slow)
 @pytest.mark.xdist_group("ssd_multiprocess")
 def test_distributed_eval_2x4_equals_1x8(tmp_path):
     cache = tmp_path / "cache"

@@ -83,7 +83,7 @@ def reference():
     return batch, losses, params
 
 
-@pytest.mark.slow  # three train-step compiles: ~25 min on the loaded 2-core machine
+@pytest.mark.slow  # three train-step compiles (CI: make test-ci-slow)
 @pytest.mark.parametrize("ici_shape", [(1, 8), (2, 4)])
 def test_spatially_partitioned_train_steps_equal_unpartitioned(reference, ici_shape):
     batch, ref_losses, ref_params = reference
@@ -96,9 +96,8 @@ def test_spatially_partitioned_train_steps_equal_unpartitioned(reference, ici_sh
     assert "collective-permute" in hlo
     # Every parameter after two SGD steps (lr 0.01) within float noise: one-step
     # gradients of 1x8 and of a single device differ from the 8x1 ones by ~1e-6 of
-    # their scale (measured, README). The 1x8 drift that used to be here
-    # (extras[0].conv2 kernel gradient off by ~50%) was XLA's partitioning of a stride-2
-    # conv with one row per shard; the model's extra layers now slice instead.
+    # their scale. A plain stride-2 conv with one row per shard gets a wrong kernel gradient
+    # from XLA's partitioner, so the extra layers slice instead (docs/design.md).
     got = jax.tree_util.tree_leaves_with_path(params)
     for (path, a), b in zip(got, jax.tree.leaves(ref_params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=jax.tree_util.keystr(path))

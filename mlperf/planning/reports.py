@@ -138,7 +138,7 @@ def honesty_rows(proxy: str = "", seed: bool = True) -> list[dict[str, Any]]:
 
     `proxy` (e.g. "v3:4x4") compiles the same per-core program on a small slice instead:
     the global batch scaled so each core keeps its published share. It is for machines
-    where the multipod compile does not finish (see the README); collectives then run
+    where the multipod compile does not finish (see docs/aot-and-planning.md); collectives then run
     over smaller groups, so only their latency terms differ (a ring's bandwidth term
     2(g-1)/g n barely changes between g = 8 and g = 2048).
     """

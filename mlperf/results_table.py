@@ -1,0 +1,136 @@
+"""The README's results table, written from the quality runs' result.json files.
+
+`launch.results_table` is the command; this module holds the parts it and its tests use:
+read result.json files, format one markdown table with the date, commit and machine of
+the runs, and put it between two marker lines of a markdown file. No jax: it runs in a
+second.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+START_MARKER = "<!-- results-table:start (written by `make results-table`; do not edit) -->"
+END_MARKER = "<!-- results-table:end -->"
+
+# Metrics that a benchmark must reach besides its `target_metric` (Mask R-CNN's mask mAP).
+_SECOND_TARGETS = {"maskrcnn": "mask_ap"}
+# Row order: as `make quality` runs them, tiny variants first.
+_ORDER = ("bert", "transformer", "ssd", "maskrcnn")
+
+
+class ResultsTableError(ValueError):
+    """Bad input for the table: no results, a broken result.json, missing markers."""
+
+
+def load_results(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """result.json of each path (a run's workdir, a result.json, or a glob of either).
+
+    Each result gets `_date` (UTC date of the file's last write, i.e. of the run's end).
+    """
+    files: list[str] = []
+    for pattern in paths:
+        for path in sorted(glob.glob(pattern)) or [pattern]:
+            candidate = os.path.join(path, "result.json") if os.path.isdir(path) else path
+            # Other files a glob of a quality folder matches (quality.json) are not runs.
+            if os.path.basename(candidate) == "result.json" and os.path.isfile(candidate):
+                files.append(candidate)
+    if not files:
+        raise ResultsTableError(
+            f"no result.json under {', '.join(paths)}: run `make quality` first "
+            "(it writes one per run)."
+        )
+    results = []
+    for file in files:
+        try:
+            with open(file) as f:
+                result = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ResultsTableError(f"{file}: not a readable result.json ({e}).") from e
+        for key in ("benchmark", "variant", "reached_target", "target_metric", "target"):
+            if key not in result:
+                raise ResultsTableError(f"{file}: result.json has no {key!r}.")
+        mtime = os.path.getmtime(file)
+        result["_date"] = datetime.datetime.fromtimestamp(mtime, datetime.UTC).date().isoformat()
+        results.append(result)
+    return results
+
+
+def _mesh(result: dict[str, Any]) -> str:
+    mesh = result.get("mesh")
+    if isinstance(mesh, dict):
+        return " x ".join(f"{k} {v}" for k, v in mesh.items())
+    return str(mesh) if mesh is not None else "-"
+
+
+def _value(result: dict[str, Any], metric: str) -> str:
+    value = (result.get("eval") or {}).get(metric)
+    return f"{value:.4g}" if isinstance(value, int | float) else "-"
+
+
+def _row(result: dict[str, Any]) -> str:
+    name = f"`{result['benchmark']}:{result['variant']}`"
+    metric = result["target_metric"]
+    target = f"{metric} >= {result['target']}"
+    final = _value(result, metric)
+    second = _SECOND_TARGETS.get(result["benchmark"])
+    if second:
+        target += f" and {second} >= its target"
+        final += f" / {_value(result, second)}"
+    reached = "yes" if result["reached_target"] else "**no**"
+    ttt = result.get("time_to_target_s")
+    ttt_text = f"{ttt:.0f} s" if result["reached_target"] and ttt is not None else "-"
+    samples = result.get("samples_to_target")
+    steps = result.get("steps_to_target")
+    to_target = f"{samples:,} (step {steps})" if samples is not None else "-"
+    run_time = result.get("run_time_s")
+    init_time = result.get("init_time_s")
+    times = (
+        f"{run_time:.0f} s + {init_time:.0f} s"
+        if run_time is not None and init_time is not None
+        else "-"
+    )
+    return (
+        f"| {name} | {_mesh(result)} | {target} | {reached} ({final}) | {ttt_text} | "
+        f"{to_target} | {times} | {result['_date']} |"
+    )
+
+
+def markdown_table(results: Sequence[dict[str, Any]], commit: str, machine: str) -> str:
+    """The table with a line saying what made it (commit, machine, command)."""
+    lines = [
+        f"Commit `{commit}`, {machine}; written by `make results-table` from the "
+        "result.json of each `make quality` run (time to target counts from MLPerf's "
+        "`run_start`; run + init is the loop's run time and the compile / data preparation "
+        "before it).",
+        "",
+        "| run | mesh | target | reached (final) | time to target | samples to target "
+        "| run + init | date (UTC) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def order(result: dict[str, Any]) -> tuple:
+        benchmark = result["benchmark"]
+        rank = _ORDER.index(benchmark) if benchmark in _ORDER else len(_ORDER)
+        return rank, benchmark, result["variant"] != "tiny", result["variant"]
+
+    lines += [_row(r) for r in sorted(results, key=order)]
+    return "\n".join(lines)
+
+
+def replace_between_markers(text: str, table: str) -> str:
+    """`text` with everything between START_MARKER and END_MARKER replaced by `table`."""
+    start = text.find(START_MARKER)
+    end = text.find(END_MARKER)
+    if start < 0 or end < 0 or end < start:
+        raise ResultsTableError(
+            f"the file has no {START_MARKER!r} ... {END_MARKER!r} block to replace; "
+            "add the two marker lines where the table goes."
+        )
+    head = text[: start + len(START_MARKER)]
+    return f"{head}\n{table}\n{text[end:]}"

@@ -1,0 +1,26 @@
+"""`python -m launch.bench --config ...`: step rate, MFU and the input rate against the step's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO, cpu_env
+
+
+def test_bench_reports_step_and_input_rates_and_whether_input_keeps_up():
+    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:tiny"]
+    cmd += ["--steps", "2", "--repeats", "1", "--input_workers", "0", "--json"]
+    cmd += ["--config.model.hidden_size=32", "--config.model.mlp_dim=64"]
+    out = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout[out.stdout.index("{") :])
+    assert r["config"] == "bert:tiny" and r["mesh"] == {"data": 2, "model": 4}
+    assert r["global_batch_size"] == 64
+    assert r["examples_per_s"] > 0 and r["input_examples_per_s"] > 0
+    assert 0 < r["mfu"] == r["model_flops_per_s"] / r["matmul_peak_flops_per_s"]
+    assert r["input_to_step_ratio"] == r["input_examples_per_s"] / r["examples_per_s"]
+    # The verdict the command exits on (without --json: exit code 1 when it is False).
+    assert r["input_keeps_up"] == (r["input_to_step_ratio"] >= 3.0)
+    assert set(r["host_input_examples_per_s_by_workers"]) == {"0"}

@@ -1,0 +1,163 @@
+"""The README and docs/ point at things that exist, and CI runs every test they cite.
+
+- every `python -m <module>` in them names an importable module;
+- every relative link names an existing file;
+- every test of the techniques table (docs/parallelism.md) exists and runs in the CI
+  target its row names: `test` (`make test`: not marked slow), `test-system` or
+  `test-ci-slow` (the Makefile's lists), and `.ci/run` runs those targets.
+"""
+
+from __future__ import annotations
+
+import ast
+import glob
+import importlib.util
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+# Pages that other features' branches add with their code; linked from the index already.
+PAGES_WRITTEN_WITH_THEIR_FEATURES = {
+    "tpu-generations.md",
+    "official-inputs.md",
+    "official-inputs-vision.md",
+    "pretrained-checkpoints.md",
+    "reliability.md",
+    "multi-host.md",
+}
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _name(path: str) -> str:
+    return os.path.relpath(path, ROOT)
+
+
+def test_pages_exist_and_the_readme_is_short():
+    names = {os.path.basename(p) for p in PAGES}
+    for page in ("benchmarks.md", "parallelism.md", "aot-and-planning.md", "checkpoints.md"):
+        assert page in names
+    for page in ("performance.md", "development.md", "design.md", "README.md"):
+        assert page in names
+    assert len(_read(PAGES[0]).splitlines()) <= 250
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_python_m_module_exists(page):
+    modules = set(re.findall(r"python3? -m ([A-Za-z_][\w.]*)", _read(page)))
+    missing = [m for m in sorted(modules) if importlib.util.find_spec(m) is None]
+    assert not missing, f"{_name(page)} runs modules that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_relative_link_exists(page):
+    missing = []
+    for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", _read(page)):
+        path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+        if os.path.basename(path) in PAGES_WRITTEN_WITH_THEIR_FEATURES:
+            continue
+        if not os.path.exists(path):
+            missing.append(target)
+    assert not missing, f"{_name(page)} links to missing files: {missing}"
+
+
+def _makefile_list(name: str) -> list[str]:
+    """The words of a Makefile variable (`NAME := a b \\` continued lines) or target recipe."""
+    text = _read(os.path.join(ROOT, "Makefile")).replace("\\\n", " ")
+    match = re.search(rf"^{re.escape(name)} :?= (.*)$", text, re.M)
+    if match:
+        return match.group(1).split()
+    recipe = re.search(rf"^{re.escape(name)}:.*\n\t(.*)$", text, re.M)
+    assert recipe, f"the Makefile has no {name}"
+    return recipe.group(1).split()
+
+
+def _slow_tests(path: str) -> tuple[bool, set[str]]:
+    """(whole module slow, names of functions marked slow) of a test file."""
+    tree = ast.parse(_read(path))
+    module_slow = any(
+        isinstance(node, ast.Assign)
+        and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+        and "slow" in ast.unparse(node.value)
+        for node in tree.body
+    )
+    slow = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any("mark.slow" in ast.unparse(d) for d in node.decorator_list)
+    }
+    return module_slow, slow
+
+
+def _functions(path: str) -> set[str]:
+    return {n.name for n in ast.parse(_read(path)).body if isinstance(n, ast.FunctionDef)}
+
+
+def _cited_tests() -> list[tuple[str, str, str]]:
+    """(file, function or '', CI target) for every test in the techniques table's last column."""
+    text = _read(os.path.join(ROOT, "docs", "parallelism.md"))
+    table = text[text.index("## The techniques table") :].split("\n## ")[0]
+    cited = []
+    for row in [line for line in table.splitlines() if line.startswith("| ")][2:]:
+        cell = row.strip("| ").split(" | ")[-1]
+        # "`a.py::f`, `b.py` (test); `c.py` (test-ci-slow)": tests, then their target.
+        for group, target in re.findall(r"([^()]*)\(([\w-]+)\)", cell):
+            for ref in re.findall(r"`(test_\w+\.py)(?:::(\w+?)(\*)?)?`", group):
+                file, func, star = ref
+                cited.append((file, func + star, target))
+    return cited
+
+
+def test_every_techniques_table_row_cites_tests():
+    text = _read(os.path.join(ROOT, "docs", "parallelism.md"))
+    table = text[text.index("## The techniques table") :].split("\n## ")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][2:]
+    assert len(rows) >= 15
+    for row in rows:
+        assert re.search(r"`test_\w+\.py.*\((test|test-system|test-ci-slow)\)", row), row
+
+
+def test_ci_runs_every_test_the_techniques_table_cites():
+    ci = _read(os.path.join(ROOT, ".ci", "run"))
+    for target in ("make test\n", "make test-system\n", "make test-ci-slow\n", "make quality\n"):
+        assert target in ci
+    system = _makefile_list("test-system")
+    ci_slow = _makefile_list("CI_SLOW_TESTS")
+    cited = _cited_tests()
+    assert len(cited) >= 30
+    for file, func, target in cited:
+        path = os.path.join(ROOT, "tests", file)
+        assert os.path.exists(path), f"{file} does not exist"
+        functions = _functions(path)
+        names = [f for f in functions if f.startswith(func.rstrip("*"))] if func else []
+        if func:
+            assert names, f"{file}::{func} does not exist"
+        module_slow, slow = _slow_tests(path)
+        if target == "test":
+            # `make test` runs what is not marked slow: the cited tests must not be.
+            assert not module_slow, f"{file} is slow but cited as run by `make test`"
+            assert not (set(names) & slow), f"{file}::{func} is slow, not in `make test`"
+        else:
+            listed = system if target == "test-system" else ci_slow
+            node = f"tests/{file}::{func}"
+            assert f"tests/{file}" in listed or node in listed, f"{node} is not in {target}"
+            assert module_slow or not func or set(names) <= slow, f"{node} is not marked slow"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_cited_test_exists(page):
+    missing = []
+    for file, func in re.findall(r"(test_\w+\.py)(?:::(\w+))?", _read(page)):
+        path = os.path.join(ROOT, "tests", file)
+        if not os.path.exists(path):
+            missing.append(file)
+        elif func and not any(f.startswith(func) for f in _functions(path)):
+            missing.append(f"{file}::{func}")
+    assert not missing, f"{_name(page)} cites tests that do not exist: {missing}"
