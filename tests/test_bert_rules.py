@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from configs.bert import get_config
+from configs.transformer import get_config as transformer_config
 from mlperf.bert import rules
 from mlperf.bert.task import BertTask
 from mlperf.loop import eval_schedule
+from mlperf.transformer.task import TransformerTask
 
 
 def test_round_targets():
@@ -61,5 +63,6 @@ def test_reference_variants_evaluate_on_the_rules_schedule():
 def test_the_rules_schedule_needs_a_task_that_defines_it():
     c = get_config("tiny")
     c.train.eval_every_samples = -1
-    with pytest.raises(ValueError, match="eval_every_samples=-1 .* BERT only"):
-        eval_schedule(c, BertTask(c).phases(), task=object())
+    transformer = TransformerTask(transformer_config("tiny"))
+    with pytest.raises(ValueError, match="eval_every_samples=-1 .* not defined for transformer"):
+        eval_schedule(c, BertTask(c).phases(), task=transformer)

@@ -62,19 +62,18 @@ def _perfect_results(evaluator, with_masks: bool) -> list[dict]:
 def ssd_task(tmp_path_factory):
     config = _official_layout(ssd_configs.get_config("tiny"), str(tmp_path_factory.mktemp("c")))
     task = SsdTask(config)
-    task.prepare(0, 1)
-    return task
+    return task.with_data(task.prepare(0, 1))
 
 
 def test_ssd_reads_the_coco2017_folder_and_scores_against_the_full_val_json(ssd_task):
-    data = ssd_task._require_data()
+    data = ssd_task.data.coco
     assert (len(data.train), len(data.eval)) == (3, 3)  # incl. the image without objects
     assert data.label_to_category == [0, 1, 3, 18]
     assert ssd_task.model_config().num_classes == 4
     assert os.path.samefile(data.eval_gt_path, VAL_JSON)
     with open(VAL_JSON) as f:
-        assert ssd_task._evaluator.gt.dataset["annotations"] == json.load(f)["annotations"]
-    stats = ssd_task._evaluator.evaluate(_perfect_results(ssd_task._evaluator, False))
+        assert ssd_task.data.evaluator.gt.dataset["annotations"] == json.load(f)["annotations"]
+    stats = ssd_task.data.evaluator.evaluate(_perfect_results(ssd_task.data.evaluator, False))
     assert stats["AP"] == pytest.approx(1.0)
     batches = ssd_task.eval_data(4, 0, 1)
     ids = batches[0]["image_id"][batches[0]["mask"] > 0]
@@ -82,19 +81,19 @@ def test_ssd_reads_the_coco2017_folder_and_scores_against_the_full_val_json(ssd_
 
 
 def test_ssd_eval_without_detections_scores_zero(ssd_task):
-    assert ssd_task._evaluator.evaluate([])["AP"] == 0.0
+    assert ssd_task.data.evaluator.evaluate([])["AP"] == 0.0
 
 
 def test_maskrcnn_reads_the_coco2017_folder_and_scores_boxes_and_masks(tmp_path):
     config = _official_layout(maskrcnn_configs.get_config("tiny"), str(tmp_path))
     task = MaskRcnnTask(config)
-    task.prepare(0, 1)
-    data = task.data()
+    task = task.with_data(task.prepare(0, 1))
+    data = task.data.coco
     assert (len(data.train), len(data.eval)) == (3, 3)
     assert os.path.samefile(data.eval_gt_path, VAL_JSON)
     assert task.num_classes() == 3
     for iou_type, masks in (("bbox", False), ("segm", True)):
-        stats = task._evaluator.evaluate(_perfect_results(task._evaluator, masks), iou_type)
+        stats = task.data.evaluator.evaluate(_perfect_results(task.data.evaluator, masks), iou_type)
         assert stats["AP"] == pytest.approx(1.0), iou_type
     batch = task.eval_data(4, 0, 1)[0]
     assert batch["image"].shape == (4, 64, 64, 3)
@@ -107,8 +106,8 @@ def test_a_category_filter_scores_against_the_filtered_copy(tmp_path):
     config = _official_layout(ssd_configs.get_config("tiny"), str(tmp_path))
     config.data.categories = ("dog",)
     task = SsdTask(config)
-    task.prepare(0, 1)
-    data = task._require_data()
+    task = task.with_data(task.prepare(0, 1))
+    data = task.data.coco
     assert data.label_to_category == [0, 18]
     assert not os.path.samefile(data.eval_gt_path, VAL_JSON)
     with open(data.eval_gt_path) as f:

@@ -86,11 +86,13 @@ def _checkpoint_of(config, workdir) -> Checkpointer:
     """A real checkpoint (step 10) of `config`'s initial state in workdir/checkpoints,
     with the metadata a run writes."""
     from mlperf.train import build_trainer
+    from mlperf.train_state import stored_state_codec
 
     trainer = build_trainer(config)
     state = trainer.init_state()
     meta = LoopState(step=10, config=plain_config(config), rng_key=[0, 0]).to_meta()
     c = Checkpointer(CheckpointConfig.from_config(config, str(workdir)), "mlm_accuracy")
+    c.codec = stored_state_codec(trainer.layout, trainer.tx, trainer.partitioner)  # as run
     c.save(10, state, meta, None)
     c.close()
     return c
