@@ -65,6 +65,13 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_list(
     "checkpoint's in a way that alters the training trajectory; recorded in the MLPerf log "
     "and result.json. See docs/reliability.md.",
 )
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache",
+    None,
+    "JAX's persistent compilation cache directory: a repeated or resumed run loads its "
+    "compiled steps from there ('' or 'none': off). Default: $MULTIPOD_COMPILATION_CACHE, "
+    "else ~/.cache/multipod/xla.",
+)
 _INIT_TIMEOUT = flags.DEFINE_integer(
     "init_timeout_s", 300, "Seconds to wait for every process to join before failing."
 )
@@ -123,10 +130,13 @@ def main(argv: list[str]) -> None:
             _INIT_TIMEOUT.value,
             _HEARTBEAT_TIMEOUT.value,
         )
+        from mlperf import compilation_cache
         from mlperf.checkpoint import configure_checkpointing
         from mlperf.train import run
 
         configure_checkpointing()  # process-wide orbax settings, once, after distributed
+        cache = _COMPILATION_CACHE.value
+        compilation_cache.enable(compilation_cache.default_directory() if cache is None else cache)
         result = run(
             _CONFIG.value,
             _WORKDIR.value,

@@ -74,3 +74,8 @@ def enable(directory: str) -> CacheStats | None:
 def stats() -> CacheStats | None:
     """This process's cache directory and hit/miss counts so far (None: cache off)."""
     return _stats
+
+
+def stats_dict() -> dict | None:
+    """`stats()` as a plain dict for result.json (None: cache off)."""
+    return dataclasses.asdict(_stats) if _stats is not None else None

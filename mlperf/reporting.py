@@ -176,6 +176,8 @@ class RunResult(Mapping):
     # Config changes on resume: [{key, checkpoint, now, forced}] over the run's restarts.
     config_changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # JAX's persistent cache: directory, hits and misses of this process (None: off).
+    compilation_cache: dict[str, Any] | None = None
     final_eval: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:

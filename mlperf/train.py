@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import optax
 
+from mlperf import compilation_cache
 from mlperf.checkpoint import (
     CheckpointConfig,
     Checkpointer,
@@ -358,6 +359,7 @@ def run(
         config_changes=s.forced_config_changes
         + [{**c.as_dict(), "forced": False} for c in changes if c.neutral],
         goodput=goodput.as_dict(),
+        compilation_cache=compilation_cache.stats_dict(),
     )
     if loop.status == keys.SUCCESS:
         # After run_stop, so outside the timed run: e.g. BLEU on whole test sets, where

@@ -12,6 +12,10 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
+# The tests' training subprocesses compile afresh (tests/test_compilation_cache.py turns the
+# persistent cache on explicitly); the user's cache is left alone.
+os.environ.setdefault("MULTIPOD_COMPILATION_CACHE", "none")
+
 from launch.cli import relax_cpu_collective_timeouts  # noqa: E402
 
 relax_cpu_collective_timeouts()  # also inherited by the tests' subprocesses
