@@ -152,6 +152,7 @@ def peers_main() -> None:
     """`python -m launch.bench peers`: see launch/bench_peers.py."""
     from launch import bench_peers
 
+    bench_peers.one_cpu_device()  # before jax starts its backend
     if _PEER_THREADS.value:
         bench_peers.limit_threads(_PEER_THREADS.value)  # before jax starts its backend
     rows = bench_peers.run_peers(

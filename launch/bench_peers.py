@@ -57,6 +57,14 @@ BERT_SIZES = {
 }
 
 
+def one_cpu_device() -> None:
+    """Starts JAX with one CPU device, whatever `--xla_force_host_platform_device_count`
+    says (call before JAX's backend starts). Every comparison runs on one device; with 8
+    fake devices in the process XLA:CPU runs that device's program markedly slower (the
+    Transformer tiny step 171 ms against 121 ms on one core, docs/performance.md)."""
+    jax.config.update("jax_num_cpu_devices", 1)
+
+
 def limit_threads(threads: int) -> None:
     """Both sides on the first `threads` CPUs: torch's intra-op threads, and XLA's pool
     (sized from the CPU affinity when its backend starts, so call this before)."""
