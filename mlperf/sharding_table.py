@@ -107,7 +107,7 @@ def golden_text(record: dict[str, Any]) -> str:
 def golden_record(case: GoldenCase, devices=None) -> dict[str, Any]:
     """The golden file's content for one case: its mesh and sharding table.
     `devices` (tiny cases): the 8 devices to build the mesh over (default jax.devices())."""
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
     from parallel.mesh import mesh_shape
     from parallel.topology import get_topology
 
