@@ -177,7 +177,7 @@ def run(
         resumed_state,
         peak_flops_per_s=peak.flops_per_s,
         profile_steps=profile_steps,
-        initial_eval=pretrained is not None,
+        initial_eval=pretrained is not None and pretrained.whole_model,
         goodput=goodput,
     )
     if restored is not None:

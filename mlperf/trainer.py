@@ -16,6 +16,7 @@ import jax
 import optax
 
 from mlperf.optimizer import build_optimizer
+from mlperf.pretrained import Pretrained
 from mlperf.steps import batch_abstract, make_train_step
 from mlperf.task import Phase, Task
 from mlperf.tasks import get_task
@@ -25,7 +26,6 @@ from mlperf.train_state import (
     build_state_layout,
     init_train_state,
     load_params,
-    pretrained_params,
     stacked_leaves,
 )
 from mlperf.validate import check_cache_dir, validate
@@ -48,9 +48,9 @@ class Trainer:
     layout: StateLayout
     _pretrained: Any = dataclasses.field(default=None, init=False, repr=False)
 
-    def pretrained(self):
-        """The task's pretrained checkpoint (`init.checkpoint`), checked against the model
-        (names, shapes) without reading its tensors; None when training from scratch."""
+    def pretrained(self) -> Pretrained | None:
+        """The task's starting point (`Task.pretrained`: a BERT checkpoint, an ImageNet
+        backbone), checked against the model's names and shapes; None: the random init."""
         if self._pretrained is None:
             params = self.layout.abstract_train_state["params"]
             self._pretrained = self.task.pretrained(params) or False
@@ -98,14 +98,12 @@ class Trainer:
         """The sharded initial state: random, then the pretrained parameters if any (a
         BERT checkpoint, an ImageNet backbone), each checked against the model's shapes
         before the random init and written straight into its sharding."""
-        backbone = pretrained_params(self.task, self.layout)
         pretrained = self.pretrained()
         state = init_train_state(
             self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
         )
-        for host_params in (backbone, pretrained.read() if pretrained is not None else None):
-            if host_params is not None:
-                state = load_params(state, host_params, self.tx, self.layout, self.partitioner)
+        if pretrained is not None:
+            state = load_params(state, pretrained.read(), self.tx, self.layout, self.partitioner)
         return state
 
 
