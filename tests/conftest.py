@@ -26,7 +26,13 @@ import pytest  # noqa: E402
 
 from mlperf.checkpoint import configure_checkpointing  # noqa: E402
 
-configure_checkpointing()  # as launch.train does at program start
+
+def pytest_configure(config) -> None:
+    """Process-wide settings as launch.train makes them at program start. A hook, not an
+    import-time call: worker scripts import this module before jax.distributed starts,
+    and configure_checkpointing asks jax for the process count."""
+    configure_checkpointing()
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get("MULTIPOD_DATA_DIR", os.path.join(REPO, "..", "shared", "data"))
@@ -167,7 +173,7 @@ class StepsRun:
 def train_steps(config, batches, devices=None) -> StepsRun:
     """Builds the config's trainer (no data preparation), compiles its first phase's train
     step and runs it on the given host batches (one process: host batch = global batch)."""
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     trainer = build_trainer(config, devices=devices, prepare_data=False)
     phase = trainer.phases[0]
