@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from conftest import small_bert_config
+from conftest import REPO, cpu_env, small_bert_config
 
 from configs.bert import get_config
 from mlperf.inspection import inspect_config
@@ -25,6 +28,48 @@ def test_candidates_start_with_the_config_and_respect_the_batch():
     assert plan.Candidate("v3:2x2", 1, "wus", 4, remat=False) not in cands  # 16 % (8 x 4) != 0
     full = plan.candidates(config, "v3:2x2", 8, full=True)
     assert len(full) > len(cands) and len(set(full)) == len(full)
+
+
+def test_model_parallel_degrees_reach_256_where_the_slice_allows():
+    config = small_bert_config(**{"train.global_batch_size": 512})
+    models = {c.model for c in plan.candidates(config, "v3:16x16", 512, full=False)}
+    assert models == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert max(c.model for c in plan.candidates(config, "v3:4x4", 32, full=False)) == 32
+
+
+def test_knobs_outside_their_range_are_named_with_the_range():
+    assert plan.check_knob("hbm_scale", 1.6) is None and plan.check_knob("price", None) is None
+    assert plan.check_knob("hbm_scale", 0.0) == (
+        "--hbm_scale=0 is out of range; use a value in [0.01, 1000]."
+    )
+    assert "--slices=-2 is out of range" in plan.check_knob("slices", -2)
+    assert "--price=0 is out of range" in plan.check_knob("price", 0.0)
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--hbm_scale=-1", "--hbm_scale=-1 is out of range; use a value in [0.01, 1000]."),
+        ("--ici_scale=0", "--ici_scale=0 is out of range"),
+        ("--dcn_scale=0", "--dcn_scale=0 is out of range"),
+        ("--slices=0", "--slices=0 is out of range; use a value in [1, 4096]."),
+        ("--budget_s=0", "--budget_s=0 is out of range"),
+        ("--price=-2", "--price=-2 is out of range"),
+        ("--chips=0", "--chips '0' is not a chip count"),
+        ("--cluster=t4x9", "--cluster 't4x9' is unknown; use one of t4x8x32-10gbe, dgx-a100x8."),
+    ],
+)
+def test_plan_cli_rejects_a_bad_knob_in_one_line_before_compiling(flag, message):
+    cmd = [sys.executable, "-m", "launch.plan", "--config", "configs/bert.py:tiny"]
+    proc = subprocess.run(
+        [*cmd, "--topology", "v3:2x2", flag],
+        cwd=REPO, env=cpu_env(8), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"multipod: error: {message}" or (
+        message in proc.stderr.strip().splitlines()[-1]
+    ), proc.stderr[-1000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_apply_candidate_sets_mesh_and_sharding_mode():

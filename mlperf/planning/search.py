@@ -29,6 +29,35 @@ class Candidate:
         return f"{self.topology} model={self.model} {self.mode} micro={self.microbatches}{remat}"
 
 
+# The what-if knobs' sensible ranges (inclusive bounds): a scale of 0 or below, or a
+# thousandfold one, is a typo, not a what-if.
+KNOB_RANGES: dict[str, tuple[float, float]] = {
+    "hbm_scale": (0.01, 1000.0),
+    "ici_scale": (0.01, 1000.0),
+    "dcn_scale": (0.01, 1000.0),
+    "slices": (1, 4096),
+    "chips": (1, 1 << 20),
+    "price": (1e-6, 1e6),
+    "budget_s": (1e-3, 1e7),
+    "batch_per_device": (1, 1 << 20),
+    "microbatches": (1, 1 << 16),
+}
+# Model-parallel degrees tried (those dividing the slice's devices): COMET sweeps MP up
+# to 256 for models that need it.
+MODEL_DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def check_knob(name: str, value: float | None) -> str | None:
+    """One line saying what is wrong with a planner knob's value, or None if it is in range
+    (None means "not given")."""
+    if value is None:
+        return None
+    low, high = KNOB_RANGES[name]
+    if not low <= value <= high:
+        return f"--{name}={value:g} is out of range; use a value in [{low:g}, {high:g}]."
+    return None
+
+
 def steps_to_target(config) -> int:
     """Steps to the quality target: config.plan.steps_to_target, else the step budget."""
     plan = config.get("plan")
@@ -85,7 +114,7 @@ def candidates(config, topology: str, devices: int, full: bool, slices: int = 1)
         bool(config.model.remat) if has_remat else None,
     )
     gbs = config.train.global_batch_size // slices
-    models = [m for m in (1, 2, 4, 8, 16) if devices % m == 0] if len(axes) > 1 else [1]
+    models = [m for m in MODEL_DEGREES if devices % m == 0] if len(axes) > 1 else [1]
     modes = ["wus", "fsdp", "replicated"]
     micros = [1, 2, 4]
     remats = [False, True] if has_remat else [None]
