@@ -6,6 +6,7 @@
     python -m launch.plan --config configs/bert.py:large --cluster t4x8x32-10gbe \\
         --batch_per_device 32 --microbatches 8 --config.data.seq_length=128
     python -m launch.plan --honesty
+    python -m launch.plan --seed_study
 
 For a TPU slice every candidate (data x model split, weight-update sharding / FSDP /
 replicated optimizer, microbatches, rematerialisation where the config has it) is
@@ -49,6 +50,9 @@ def _define_flags() -> dict[str, Any]:
         "bpd": flags.DEFINE_integer("batch_per_device", 32, "--cluster: examples per device."),
         "micro": flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps."),
         "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
+        "seed_study": flags.DEFINE_bool(
+            "seed_study", False, "The seed paper's T4-cluster study (Lin et al.) from the model."
+        ),
         "proxy": flags.DEFINE_string("proxy", "", "--honesty: per-core proxy slice, e.g. v3:4x4."),
         "grad_dtype": flags.DEFINE_enum(
             "grad_reduce_dtype",
@@ -110,6 +114,12 @@ def main(argv: list[str]) -> None:
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.honesty_table(rows))
         return
     config = f["config"]
+    if f["seed_study"]:
+        from mlperf.planning.seed_study import seed_study, seed_study_text
+
+        result = seed_study(config)  # BERT-large unless --config names another BERT
+        print(json.dumps(result, indent=2) if f["json"] else seed_study_text(result))
+        return
     if config is None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07 (or --honesty).")
     if f["grad_dtype"]:

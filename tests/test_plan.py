@@ -149,5 +149,125 @@ def test_honesty_table_marks_models_not_built():
          "candidate": "v3:64x64 model=4 wus micro=1", "compile_time_s": 100.0},
     ]  # fmt: skip
     text = plan_reports.honesty_table(rows)
-    assert "| ssd | 2048 | 32.8 s | not built |" in text
+    assert "| ssd | 2048 | 32.8 s | not built | - | - | |" in text
     assert "| bert | 4096 | 24.0 s | 12.0 s (560 steps x 21.4 ms) | 0.50 |" in text
+    assert "no published step time" in text  # the row gives none
+    rows[1]["published_step_s"] = 0.017
+    assert "| 21.4 / 17.0 ms = 1.26 |" in plan_reports.honesty_table(rows)
+
+
+def test_half_precision_gradients_halve_the_cluster_all_reduce():
+    f32 = plan_reports.cluster_scaling(None, "t4x8x32-10gbe", 32, 4, costs=COSTS)
+    f16 = plan_reports.cluster_scaling(
+        None, "t4x8x32-10gbe", 32, 4, costs=COSTS, grad_reduce_dtype="float16"
+    )
+    assert f16[-1]["inter_node_s"] == pytest.approx(f32[-1]["inter_node_s"] / 2)
+    assert f16[-1]["weak_scaling_efficiency"] > f32[-1]["weak_scaling_efficiency"]
+    config = get_config("large")
+    config.parallel.grad_reduce_dtype = "bfloat16"  # what --grad_reduce_dtype sets
+    bf16 = plan_reports.cluster_scaling(config, "t4x8x32-10gbe", 32, 4, costs=COSTS)
+    assert bf16[-1]["grad_reduce_dtype"] == "bfloat16"
+    assert bf16[-1]["step_s"] == pytest.approx(f16[-1]["step_s"])
+
+
+def test_per_step_bytes_do_not_grow_with_the_batch():
+    from parallel.costmodel import cluster_step_time
+
+    def memory_s(batch, micro=1):
+        return cluster_step_time(
+            0.0, 1e6, 0.0, batch, 8, 1, 1e12, 1e9, 1e9, 1e9,
+            bytes_per_step=1e9, microbatches=micro,
+        ).memory_s  # fmt: skip
+
+    assert memory_s(64) == pytest.approx((64e6 + 1e9) / 1e9)
+    assert memory_s(32, micro=2) == pytest.approx((64e6 + 2e9) / 1e9)
+
+
+SEED_COSTS = [  # per phase, as reference_costs returns them (made-up round figures)
+    {"flops_per_example": 2.5e11, "bytes_per_example": 2e8, "flops_per_step": 1e10,
+     "bytes_per_step": 6e9, "grad_bytes": 1.34e9, "params": 3.35e8},
+    {"flops_per_example": 1.1e12, "bytes_per_example": 8e8, "flops_per_step": 1e10,
+     "bytes_per_step": 6e9, "grad_bytes": 1.34e9, "params": 3.35e8},
+]  # fmt: skip
+
+
+def test_seed_study_figures_come_from_its_assumptions():
+    from mlperf.planning.seed_study import SEED_STUDY, seed_study, seed_study_text
+
+    base = seed_study(study=SEED_STUDY, costs=SEED_COSTS)
+    assert [r["nodes"] for r in base["phases"][0]["scaling"]] == [1, 1, 8, 32]
+    assert base["phases"][0]["global_batch"] == 256 * 32 * 4
+    days = sum(p["examples"] / p["scaling"][-1]["samples_per_s"] for p in base["phases"]) / 86400
+    assert base["pretrain_days"] == pytest.approx(days)
+    assert base["rent_usd"] == pytest.approx(256 * 0.35 * days * 24)
+    text = seed_study_text(base)
+    assert "12 days |" in text and "~70% (published)" in text and "4 accumulation steps" in text
+    # More accumulation steps amortise the all-reduce: efficiency up, time down.
+    more = seed_study(study={**SEED_STUDY, "micro": 8}, costs=SEED_COSTS)
+    eff = [p["scaling"][-1]["weak_scaling_efficiency"] for p in (base, more) for p in p["phases"]]
+    assert eff[2] > eff[0] and eff[3] > eff[1]
+    assert more["pretrain_days"] < base["pretrain_days"]
+    # fp32 gradients: twice the bytes over Ethernet, slower.
+    fp32 = seed_study(study={**SEED_STUDY, "grad_reduce_dtype": "float32"}, costs=SEED_COSTS)
+    assert fp32["pretrain_days"] > base["pretrain_days"]
+    assert fp32["buy_usd"] == base["buy_usd"] and fp32["rent_usd"] > base["rent_usd"]
+
+
+def test_seed_row_and_reference_costs_compile_a_tiny_bert():
+    """The seed row's path end to end on a tiny BERT: two reference compiles (1 and 2
+    examples per core) separate per-example from per-step bytes."""
+    config = small_bert_config(**{"data.seq_length": 32, "data.max_predictions": 4})
+    costs = plan_reports.reference_costs(config)
+    assert costs["flops_per_example"] > 0 and costs["bytes_per_example"] > 0
+    assert costs["bytes_per_step"] > 0  # weights and optimizer state, once per step
+    row = plan_reports.seed_row(small_bert_config())
+    assert row["assumptions"]["micro"] == 4 and row["chips"] == 256
+    assert 0 < row["predicted_efficiency"] <= 1.0
+    assert "T4" in plan_reports.honesty_table([row])
+
+
+@pytest.mark.slow
+def test_honesty_row_for_bert_on_a_per_core_proxy():
+    (row,) = plan_reports.honesty_rows("v3:2x2", seed=False, benchmarks=("bert",))
+    assert row["status"] == "predicted" and row["proxy_for"] == "v3:64x64"
+    assert 0.3 < row["ratio"] < 3.0 and 0.3 < row["step_ratio"] < 3.0, row
+
+
+def test_a_candidate_out_of_hbm_gets_a_step_time_and_fits_at_a_larger_scale():
+    """Six 4096-wide layers with replicated f32 Adam state need about 19 GiB per v3 core
+    (16 GiB): the full compile runs out of HBM, so the planner extrapolates 1- and
+    2-layer compiles, reports the need and the scale it fits at, and ranks it with the
+    fitting candidates once --hbm_scale reaches that scale."""
+    config = small_bert_config(
+        **{"model.hidden_size": 4096, "model.mlp_dim": 16384, "model.num_heads": 32,
+           "model.num_layers": 6}
+    )  # fmt: skip
+    cand = plan.Candidate("v3:2x2", 1, "replicated", 1, remat=False)
+    real = plan.evaluate(config, cand, {})
+    assert real["fits"] is False and real["step_s"] > 0, real
+    assert real["min_hbm_scale"] > 1.0 and "out of HBM as compiled" in real["estimate_method"]
+    assert real["note"].startswith("needs ") and "fits only at hbm_scale >= " in real["note"]
+    scale = real["min_hbm_scale"] * 1.05
+    grown = plan.evaluate(config, cand, {"hbm_scale": scale})
+    assert grown["fits"] is True and grown["step_s"] == pytest.approx(real["step_s"])
+    assert grown["memory_per_device"] == pytest.approx(real["memory_per_device"])
+    slow = grown["time_to_train_s"] * 10
+    fitting = {"candidate": "slow but fits", "fits": True, "chips": 4,
+               "time_to_train_s": slow, "samples_per_s_per_chip": 1.0}  # fmt: skip
+    assert plan.rank([fitting, real])[0] is fitting  # at 1.0 it ranks below any that fits
+    assert plan.rank([fitting, grown])[0] is grown  # at the scale it needs, it competes
+    assert "NO (needs" in plan.table(plan.rank([real]))
+
+
+def test_bf16_gradient_reduction_cuts_the_planned_dcn_bytes():
+    """--grad_reduce_dtype sets parallel.grad_reduce_dtype: the compiled two-slice program
+    sends fewer bytes across slices, and the planner's DCN term falls with them."""
+    rows = {}
+    for dtype in ("float32", "bfloat16"):
+        config = get_config("tiny")
+        config.parallel.grad_reduce_dtype = dtype
+        rows[dtype] = plan.evaluate(config, plan.Candidate("v5e:2x2", 2, "wus", 1), {"slices": 2})
+        assert "error" not in rows[dtype], rows[dtype]["error"]
+        assert rows[dtype]["grad_reduce_dtype"] == dtype
+    assert rows["bfloat16"]["dcn_wire_bytes"] < rows["float32"]["dcn_wire_bytes"]
+    assert rows["bfloat16"]["dcn_s"] < rows["float32"]["dcn_s"]
