@@ -4,7 +4,7 @@
         [--chips 1024,4096] [--full] [--budget_s 900] [--hbm_scale 1.6] [--ici_scale 2] \\
         [--dcn_scale 1] [--slices 1] [--price 2.0] [--json] [--plot plan.png]
     python -m launch.plan --config configs/bert.py:large --cluster t4x8x32-10gbe \\
-        --batch_per_device 32 --microbatches 4 --grad_reduce_dtype float16 \
+        --batch_per_device 32 --microbatches 4 --grad_reduce_dtype float16 \\
         --config.data.seq_length=128
     python -m launch.plan --honesty
     python -m launch.plan --seed_study
