@@ -4,8 +4,10 @@
         [--chips 1024,4096] [--full] [--budget_s 900] [--hbm_scale 1.6] [--ici_scale 2] \\
         [--dcn_scale 1] [--slices 1] [--price 2.0] [--json] [--plot plan.png]
     python -m launch.plan --config configs/bert.py:large --cluster t4x8x32-10gbe \\
-        --batch_per_device 32 --microbatches 8 --config.data.seq_length=128
+        --batch_per_device 32 --microbatches 4 --grad_reduce_dtype float16 \\
+        --config.data.seq_length=128
     python -m launch.plan --honesty
+    python -m launch.plan --seed_study
 
 For a TPU slice every candidate (data x model split, weight-update sharding / FSDP /
 replicated optimizer, microbatches, rematerialisation where the config has it) is
@@ -44,12 +46,21 @@ def _define_flags() -> dict[str, Any]:
         "ici": flags.DEFINE_float("ici_scale", 1.0, "What-if: ICI / intra-node bandwidth x this."),
         "dcn": flags.DEFINE_float("dcn_scale", 1.0, "What-if: DCN / inter-node bandwidth x this."),
         "slices": flags.DEFINE_integer("slices", 1, "Slices joined over DCN (data parallel)."),
-        "price": flags.DEFINE_float("price", 0.0, "US$ per chip-hour (0: parallel/hardware.py)."),
+        "price": flags.DEFINE_float("price", None, "US$ per chip-hour (default: hardware.py)."),
         "cluster": flags.DEFINE_string("cluster", "", "A GPU cluster of parallel/hardware.py."),
         "bpd": flags.DEFINE_integer("batch_per_device", 32, "--cluster: examples per device."),
         "micro": flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps."),
         "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
+        "seed_study": flags.DEFINE_bool(
+            "seed_study", False, "The seed paper's T4-cluster study (Lin et al.) from the model."
+        ),
         "proxy": flags.DEFINE_string("proxy", "", "--honesty: per-core proxy slice, e.g. v3:4x4."),
+        "grad_dtype": flags.DEFINE_enum(
+            "grad_reduce_dtype",
+            None,
+            ["float32", "bfloat16", "float16"],
+            "Gradient all-reduce precision (default: the config's parallel.grad_reduce_dtype).",
+        ),
         "json": flags.DEFINE_bool("json", False, "Print JSON instead of a table."),
         "plot": flags.DEFINE_string("plot", "", "Write a PNG: step time and memory per candidate."),
     }
@@ -58,10 +69,43 @@ def _define_flags() -> dict[str, Any]:
 _FLAGS: dict[str, Any] = {}
 
 
+# Flag key in _define_flags -> the knob's name in mlperf.planning.search.KNOB_RANGES.
+_KNOBS = {
+    "hbm": "hbm_scale",
+    "ici": "ici_scale",
+    "dcn": "dcn_scale",
+    "slices": "slices",
+    "price": "price",
+    "budget": "budget_s",
+    "bpd": "batch_per_device",
+    "micro": "microbatches",
+}
+
+
+def check_flags(f: dict[str, Any]) -> None:
+    """Knobs out of their sensible range, a chip count that is not a positive integer or an
+    unknown --cluster: one line and exit 2, before any config is compiled."""
+    from mlperf.planning.search import check_knob
+
+    for key, knob in _KNOBS.items():
+        message = check_knob(knob, f[key])
+        if message:
+            usage_error(message)
+    for n in f["chips"]:
+        if not n.strip().isdigit() or check_knob("chips", int(n)):
+            usage_error(f"--chips {n!r} is not a chip count; give positive integers: 1024,4096.")
+    if f["cluster"]:
+        from parallel.hardware import CLUSTERS
+
+        if f["cluster"] not in CLUSTERS:
+            usage_error(f"--cluster {f['cluster']!r} is unknown; use one of {', '.join(CLUSTERS)}.")
+
+
 def main(argv: list[str]) -> None:
     f = {name: flag.value for name, flag in _FLAGS.items()}
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    check_flags(f)
     from mlperf.planning import reports as plan_reports
     from mlperf.planning.search import plan, plot, table
     from parallel.topology import TopologyError, get_topology, topology_for_chips
@@ -71,13 +115,17 @@ def main(argv: list[str]) -> None:
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.honesty_table(rows))
         return
     config = f["config"]
+    if f["seed_study"]:
+        from mlperf.planning.seed_study import seed_study, seed_study_text
+
+        result = seed_study(config)  # BERT-large unless --config names another BERT
+        print(json.dumps(result, indent=2) if f["json"] else seed_study_text(result))
+        return
     if config is None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07 (or --honesty).")
+    if f["grad_dtype"]:
+        config.parallel.grad_reduce_dtype = f["grad_dtype"]
     if f["cluster"]:
-        from parallel.hardware import CLUSTERS
-
-        if f["cluster"] not in CLUSTERS:
-            usage_error(f"--cluster {f['cluster']!r} is unknown; use one of {', '.join(CLUSTERS)}.")
         rows = plan_reports.cluster_scaling(config, f["cluster"], f["bpd"], f["micro"])
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.cluster_table(rows))
         return

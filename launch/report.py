@@ -13,7 +13,8 @@ per file, minutes = (run_stop - run_start) / 60000 ms; a run whose run_stop stat
 not "success" did not converge and is dropped; the system's score is the olympic mean
 over its files: drop the fastest and the slowest, or, when one run was dropped, drop
 only the fastest (the dropped run stands for the slowest); more than one dropped run
-makes the score invalid.
+makes the score invalid. Each file's median time per step (from its block_start /
+block_stop events) and steps to target are printed under the table.
 """
 
 from __future__ import annotations
@@ -310,6 +311,24 @@ def _save(fig, path: str) -> str:
     return path
 
 
+def published_steps_text(paths: Sequence[str]) -> str:
+    """Per result file: the median time per step over its training blocks and the steps
+    to target (`mlperf.planning.published_logs`), what the planner's step time predicts."""
+    from mlperf.planning.published_logs import step_summary
+
+    lines = ["published step times (median over block_start/block_stop blocks):"]
+    for path in _result_files(paths):
+        try:
+            s = step_summary(read_mllog(path))
+        except ValueError as e:
+            lines.append(f"  {path}: {e}")
+            continue
+        step = "-" if s["step_s"] is None else f"{s['step_s'] * 1e3:.2f} ms/step"
+        target = "-" if s["steps_to_target"] is None else f"{s['steps_to_target']:.0f}"
+        lines.append(f"  {path}: {step} over {s['blocks']} blocks, {target} steps to target")
+    return "\n".join(lines)
+
+
 def report(workdirs: Sequence[str], published: Sequence[str] = (), plots_dir: str = "") -> str:
     """The table text; writes the plots. Used by main and the tests."""
     if not workdirs and not published:
@@ -317,6 +336,8 @@ def report(workdirs: Sequence[str], published: Sequence[str] = (), plots_dir: st
     runs = [load_run(w) for w in workdirs]
     scores = summarize_published(published) if published else []
     text = table([run_row(r) for r in runs], scores)
+    if published:
+        text += "\n" + published_steps_text(published)
     if runs:
         out = plots_dir or runs[0].workdir
         text += "\nplots: " + ", ".join(write_plots(runs, out))

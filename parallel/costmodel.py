@@ -180,6 +180,19 @@ class StepTime:
         return self.ici_s + self.dcn_s
 
 
+# Bytes per gradient element while it is summed (`parallel.grad_reduce_dtype`).
+GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def grad_bytes_ratio(dtype: str) -> float:
+    """Gradient all-reduce bytes in `dtype` relative to float32 (bf16/fp16 halve them)."""
+    if dtype not in GRAD_REDUCE_BYTES:
+        raise ValueError(
+            f"grad_reduce_dtype={dtype!r} is unknown; use one of {', '.join(GRAD_REDUCE_BYTES)}."
+        )
+    return GRAD_REDUCE_BYTES[dtype] / 4
+
+
 def ring_allreduce_s(n_bytes: float, P: int, bandwidth: float) -> float:
     """Bandwidth term of a ring all-reduce of n bytes on P devices: 2(P-1)/P n / bw."""
     return 0.0 if P <= 1 or n_bytes <= 0 else 2.0 * (P - 1) / P * n_bytes / bandwidth
@@ -233,14 +246,23 @@ def cluster_step_time(
     hbm_bandwidth: float,
     intra_node_bandwidth: float,
     inter_node_bandwidth: float,
+    flops_per_step: float = 0.0,
+    bytes_per_step: float = 0.0,
+    microbatches: int = 1,
 ) -> StepTime:
-    """A data-parallel step (any gradient accumulation included in `batch_per_device`)
-    on a GPU cluster: compute and HBM traffic for the device's examples, then one
-    hierarchical all-reduce of the gradients: a ring inside each node, then a ring over
+    """A data-parallel step on a GPU cluster: `microbatches` accumulated microbatches of
+    `batch_per_device` examples each, then one hierarchical all-reduce of the gradients
+    (`grad_bytes`, in the reduction's precision): a ring inside each node, then a ring over
     the nodes' NICs (each node's NIC carries the whole gradient once per ring step).
+
+    Compute and HBM traffic grow with the examples; `flops_per_step` (the optimizer) is
+    paid once per step and `bytes_per_step` (weights and optimizer state, which do not
+    grow with the batch) once per microbatch: an upper bound, as only the weights are
+    re-read for every microbatch.
     """
-    compute = flops_per_example * batch_per_device / peak_flops
-    memory = bytes_per_example * batch_per_device / hbm_bandwidth
+    examples = batch_per_device * microbatches
+    compute = (flops_per_example * examples + flops_per_step) / peak_flops
+    memory = (bytes_per_example * examples + bytes_per_step * microbatches) / hbm_bandwidth
     intra = ring_allreduce_s(grad_bytes, devices_per_node, intra_node_bandwidth)
     inter = ring_allreduce_s(grad_bytes, nodes, inter_node_bandwidth)
     return StepTime(compute, memory, intra, inter, None, max(compute, memory) + intra + inter)

@@ -270,3 +270,15 @@ def bf16_peak_flops_per_device(device_kind: str) -> float | None:
 def override(chip: Chip, **changes: float) -> Chip:
     """A copy of `chip` with some fields replaced (the planner's what-if knobs)."""
     return dataclasses.replace(chip, **{k: v for k, v in changes.items() if v is not None})
+
+
+# Purchase prices (US$ per accelerator card, list price), for buy-versus-rent studies:
+# (price, date read, source). The rental price is Chip.price_per_hour.
+PURCHASE_PRICES: dict[str, tuple[float, str, str]] = {
+    "t4": (
+        1880.0,
+        "2026-12",
+        "NVIDIA Tesla T4 MSRP as listed by chipversus.com/hardware/gpu/tesla-t4 "
+        "(street price then about $1,000)",
+    ),
+}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
-from conftest import small_bert_config
+from conftest import REPO, cpu_env, small_bert_config
 
 from configs.bert import get_config
 from mlperf.inspection import inspect_config
@@ -25,6 +28,48 @@ def test_candidates_start_with_the_config_and_respect_the_batch():
     assert plan.Candidate("v3:2x2", 1, "wus", 4, remat=False) not in cands  # 16 % (8 x 4) != 0
     full = plan.candidates(config, "v3:2x2", 8, full=True)
     assert len(full) > len(cands) and len(set(full)) == len(full)
+
+
+def test_model_parallel_degrees_reach_256_where_the_slice_allows():
+    config = small_bert_config(**{"train.global_batch_size": 512})
+    models = {c.model for c in plan.candidates(config, "v3:16x16", 512, full=False)}
+    assert models == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert max(c.model for c in plan.candidates(config, "v3:4x4", 32, full=False)) == 32
+
+
+def test_knobs_outside_their_range_are_named_with_the_range():
+    assert plan.check_knob("hbm_scale", 1.6) is None and plan.check_knob("price", None) is None
+    assert plan.check_knob("hbm_scale", 0.0) == (
+        "--hbm_scale=0 is out of range; use a value in [0.01, 1000]."
+    )
+    assert "--slices=-2 is out of range" in plan.check_knob("slices", -2)
+    assert "--price=0 is out of range" in plan.check_knob("price", 0.0)
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--hbm_scale=-1", "--hbm_scale=-1 is out of range; use a value in [0.01, 1000]."),
+        ("--ici_scale=0", "--ici_scale=0 is out of range"),
+        ("--dcn_scale=0", "--dcn_scale=0 is out of range"),
+        ("--slices=0", "--slices=0 is out of range; use a value in [1, 4096]."),
+        ("--budget_s=0", "--budget_s=0 is out of range"),
+        ("--price=-2", "--price=-2 is out of range"),
+        ("--chips=0", "--chips '0' is not a chip count"),
+        ("--cluster=t4x9", "--cluster 't4x9' is unknown; use one of t4x8x32-10gbe, dgx-a100x8."),
+    ],
+)
+def test_plan_cli_rejects_a_bad_knob_in_one_line_before_compiling(flag, message):
+    cmd = [sys.executable, "-m", "launch.plan", "--config", "configs/bert.py:tiny"]
+    proc = subprocess.run(
+        [*cmd, "--topology", "v3:2x2", flag],
+        cwd=REPO, env=cpu_env(8), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == f"multipod: error: {message}" or (
+        message in proc.stderr.strip().splitlines()[-1]
+    ), proc.stderr[-1000:]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
 def test_apply_candidate_sets_mesh_and_sharding_mode():
@@ -104,5 +149,124 @@ def test_honesty_table_marks_models_not_built():
          "candidate": "v3:64x64 model=4 wus micro=1", "compile_time_s": 100.0},
     ]  # fmt: skip
     text = plan_reports.honesty_table(rows)
-    assert "| ssd | 2048 | 32.8 s | not built |" in text
+    assert "| ssd | 2048 | 32.8 s | not built | - | - | |" in text
     assert "| bert | 4096 | 24.0 s | 12.0 s (560 steps x 21.4 ms) | 0.50 |" in text
+    assert "no published step time" in text  # the row gives none
+    rows[1]["published_step_s"] = 0.017
+    assert "| 21.4 / 17.0 ms = 1.26 |" in plan_reports.honesty_table(rows)
+
+
+def test_half_precision_gradients_halve_the_cluster_all_reduce():
+    f32 = plan_reports.cluster_scaling(None, "t4x8x32-10gbe", 32, 4, costs=COSTS)
+    f16 = plan_reports.cluster_scaling(
+        None, "t4x8x32-10gbe", 32, 4, costs=COSTS, grad_reduce_dtype="float16"
+    )
+    assert f16[-1]["inter_node_s"] == pytest.approx(f32[-1]["inter_node_s"] / 2)
+    assert f16[-1]["weak_scaling_efficiency"] > f32[-1]["weak_scaling_efficiency"]
+    config = get_config("large")
+    config.parallel.grad_reduce_dtype = "bfloat16"  # what --grad_reduce_dtype sets
+    bf16 = plan_reports.cluster_scaling(config, "t4x8x32-10gbe", 32, 4, costs=COSTS)
+    assert bf16[-1]["grad_reduce_dtype"] == "bfloat16"
+    assert bf16[-1]["step_s"] == pytest.approx(f16[-1]["step_s"])
+
+
+def test_per_step_bytes_do_not_grow_with_the_batch():
+    from parallel.costmodel import cluster_step_time
+
+    def memory_s(batch, micro=1):
+        return cluster_step_time(
+            0.0, 1e6, 0.0, batch, 8, 1, 1e12, 1e9, 1e9, 1e9,
+            bytes_per_step=1e9, microbatches=micro,
+        ).memory_s  # fmt: skip
+
+    assert memory_s(64) == pytest.approx((64e6 + 1e9) / 1e9)
+    assert memory_s(32, micro=2) == pytest.approx((64e6 + 2e9) / 1e9)
+
+
+SEED_COSTS = [  # per phase, as reference_costs returns them (made-up round figures)
+    {"flops_per_example": 2.5e11, "bytes_per_example": 2e8, "flops_per_step": 1e10,
+     "bytes_per_step": 6e9, "grad_bytes": 1.34e9, "params": 3.35e8},
+    {"flops_per_example": 1.1e12, "bytes_per_example": 8e8, "flops_per_step": 1e10,
+     "bytes_per_step": 6e9, "grad_bytes": 1.34e9, "params": 3.35e8},
+]  # fmt: skip
+
+
+def test_seed_study_figures_come_from_its_assumptions():
+    from mlperf.planning.seed_study import SEED_STUDY, seed_study, seed_study_text
+
+    base = seed_study(study=SEED_STUDY, costs=SEED_COSTS)
+    assert [r["nodes"] for r in base["phases"][0]["scaling"]] == [1, 1, 8, 32]
+    assert base["phases"][0]["global_batch"] == 256 * 32 * 4
+    days = sum(p["examples"] / p["scaling"][-1]["samples_per_s"] for p in base["phases"]) / 86400
+    assert base["pretrain_days"] == pytest.approx(days)
+    assert base["rent_usd"] == pytest.approx(256 * 0.35 * days * 24)
+    text = seed_study_text(base)
+    assert "12 days |" in text and "~70% (published)" in text and "4 accumulation steps" in text
+    # More accumulation steps amortise the all-reduce: efficiency up, time down.
+    more = seed_study(study={**SEED_STUDY, "micro": 8}, costs=SEED_COSTS)
+    eff = [p["scaling"][-1]["weak_scaling_efficiency"] for p in (base, more) for p in p["phases"]]
+    assert eff[2] > eff[0] and eff[3] > eff[1]
+    assert more["pretrain_days"] < base["pretrain_days"]
+    # fp32 gradients: twice the bytes over Ethernet, slower.
+    fp32 = seed_study(study={**SEED_STUDY, "grad_reduce_dtype": "float32"}, costs=SEED_COSTS)
+    assert fp32["pretrain_days"] > base["pretrain_days"]
+    assert fp32["buy_usd"] == base["buy_usd"] and fp32["rent_usd"] > base["rent_usd"]
+
+
+def test_seed_row_and_reference_costs_compile_a_tiny_bert():
+    """The seed row's path end to end on a tiny BERT: two reference compiles (1 and 2
+    examples per core) separate per-example from per-step bytes."""
+    config = small_bert_config(**{"data.seq_length": 32, "data.max_predictions": 4})
+    costs = plan_reports.reference_costs(config)
+    assert costs["flops_per_example"] > 0 and costs["bytes_per_example"] > 0
+    assert costs["bytes_per_step"] > 0  # weights and optimizer state, once per step
+    row = plan_reports.seed_row(small_bert_config())
+    assert row["assumptions"]["micro"] == 4 and row["chips"] == 256
+    assert 0 < row["predicted_efficiency"] <= 1.0
+    assert "T4" in plan_reports.honesty_table([row])
+
+
+@pytest.mark.slow
+def test_honesty_row_for_bert_on_a_per_core_proxy():
+    (row,) = plan_reports.honesty_rows("v3:2x2", seed=False, benchmarks=("bert",))
+    assert row["status"] == "predicted" and row["proxy_for"] == "v3:64x64"
+    assert 0.3 < row["ratio"] < 3.0 and 0.3 < row["step_ratio"] < 3.0, row
+
+
+def test_a_candidate_out_of_hbm_gets_a_step_time_and_fits_at_a_larger_scale():
+    """Six scanned 4096-wide layers with replicated f32 Adam state need about 19 GiB per
+    v3 core (16 GiB): the full compile runs out of HBM, so the planner extrapolates 1- and
+    2-layer compiles, reports the need and the scale it fits at; planned at 2x HBM the
+    candidate fits, gets a step time and ranks with the fitting candidates."""
+    config = small_bert_config(
+        **{"model.hidden_size": 4096, "model.mlp_dim": 16384, "model.num_heads": 32,
+           "model.num_layers": 6, "model.scan_layers": True}
+    )  # fmt: skip
+    cand = plan.Candidate("v3:2x2", 1, "replicated", 1, remat=False)
+    grown = plan.evaluate(config, cand, {"hbm_scale": 2.0})
+    assert "out of HBM as compiled" in grown["estimate_method"], grown  # at the real 16 GiB
+    assert 1.0 < grown["min_hbm_scale"] < 2.0 and grown["fits"] is True
+    assert grown["step_s"] > 0 and grown["compute_s"] > 0
+    assert grown["memory_per_device"] == pytest.approx(grown["min_hbm_scale"] * (16 << 30))
+    assert "more than the real 16 GiB" in grown["note"]
+    # The same row at the real capacity: does not fit, says the scale it needs.
+    real = {**grown, "fits": False}
+    slow = grown["time_to_train_s"] * 10
+    fitting = {"candidate": "slow but fits", "fits": True, "chips": 4,
+               "time_to_train_s": slow, "samples_per_s_per_chip": 1.0}  # fmt: skip
+    assert plan.rank([fitting, real])[0] is fitting  # at 1.0 it ranks below any that fits
+    assert plan.rank([fitting, grown])[0] is grown  # at the scale it needs, it competes
+
+
+def test_half_precision_gradient_reduction_halves_the_modelled_dcn_term():
+    from parallel import costmodel
+
+    def dcn_s(dtype):
+        return costmodel.tpu_step_time(
+            1e12, 1e9, 0.0, None, 1e14, 1e12, 1e11, slices=4,
+            dcn_bytes=1e9 * costmodel.grad_bytes_ratio(dtype), dcn_bandwidth=1e9,
+        ).dcn_s  # fmt: skip
+
+    assert dcn_s("bfloat16") == pytest.approx(dcn_s("float32") / 2) == dcn_s("float16")
+    with pytest.raises(ValueError, match="grad_reduce_dtype='int8' is unknown"):
+        costmodel.grad_bytes_ratio("int8")

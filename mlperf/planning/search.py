@@ -29,6 +29,35 @@ class Candidate:
         return f"{self.topology} model={self.model} {self.mode} micro={self.microbatches}{remat}"
 
 
+# The what-if knobs' sensible ranges (inclusive bounds): a scale of 0 or below, or a
+# thousandfold one, is a typo, not a what-if.
+KNOB_RANGES: dict[str, tuple[float, float]] = {
+    "hbm_scale": (0.01, 1000.0),
+    "ici_scale": (0.01, 1000.0),
+    "dcn_scale": (0.01, 1000.0),
+    "slices": (1, 4096),
+    "chips": (1, 1 << 20),
+    "price": (1e-6, 1e6),
+    "budget_s": (1e-3, 1e7),
+    "batch_per_device": (1, 1 << 20),
+    "microbatches": (1, 1 << 16),
+}
+# Model-parallel degrees tried (those dividing the slice's devices): COMET sweeps MP up
+# to 256 for models that need it.
+MODEL_DEGREES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def check_knob(name: str, value: float | None) -> str | None:
+    """One line saying what is wrong with a planner knob's value, or None if it is in range
+    (None means "not given")."""
+    if value is None:
+        return None
+    low, high = KNOB_RANGES[name]
+    if not low <= value <= high:
+        return f"--{name}={value:g} is out of range; use a value in [{low:g}, {high:g}]."
+    return None
+
+
 def steps_to_target(config) -> int:
     """Steps to the quality target: config.plan.steps_to_target, else the step budget."""
     plan = config.get("plan")
@@ -85,7 +114,7 @@ def candidates(config, topology: str, devices: int, full: bool, slices: int = 1)
         bool(config.model.remat) if has_remat else None,
     )
     gbs = config.train.global_batch_size // slices
-    models = [m for m in (1, 2, 4, 8, 16) if devices % m == 0] if len(axes) > 1 else [1]
+    models = [m for m in MODEL_DEGREES if devices % m == 0] if len(axes) > 1 else [1]
     modes = ["wus", "fsdp", "replicated"]
     micros = [1, 2, 4]
     remats = [False, True] if has_remat else [None]
@@ -110,8 +139,63 @@ def candidates(config, topology: str, devices: int, full: bool, slices: int = 1)
     return out
 
 
+# What the planner reads of a compiled train step; a program too big for HBM gets these
+# from 1- and 2-layer compiles, extrapolated linearly in depth (`depth_extrapolated`).
+_STEP_FIELDS = ("flops_per_device", "bytes_accessed_per_device", "wire_bytes", "step_s", "memory")
+
+
+def _step_fields(report: dict[str, Any]) -> dict[str, float] | None:
+    """The planner's numbers of one compiled report (None if its step did not compile)."""
+    train = report["train"]
+    if "flops_per_device" not in train or report["bytes_per_device"]["total"] is None:
+        return None
+    return {
+        "flops_per_device": train["flops_per_device"],
+        "bytes_accessed_per_device": train["bytes_accessed_per_device"],
+        "wire_bytes": sum(train["collective_wire_bytes"].values()),
+        "step_s": train.get("estimated_step_s"),
+        "memory": report["bytes_per_device"]["total"],
+    }
+
+
+def depth_extrapolated(config, topology: str, slices: int) -> dict[str, Any]:
+    """A train step's FLOPs, HBM bytes, wire bytes, compiler step estimate and memory per
+    device for a config whose full program does not fit HBM: the same candidate compiled
+    with 1 and 2 unrolled layers, each figure f extrapolated to the config's L layers as
+    f(1) + (L - 1)(f(2) - f(1)) (what `mlperf.inspection` does for a scanned stack's step
+    time). Raises ValueError when the config has no layer stack or a small compile fails."""
+    from mlperf.inspection import inspect_config
+
+    layers = int(config.model.get("num_layers", 0) or 0)
+    if layers < 2:
+        raise ValueError("no layer stack to extrapolate (model.num_layers < 2)")
+    points = []
+    for n in (1, 2):
+        c = copy.deepcopy(config)
+        c.model.update(num_layers=n, scan_layers=False)
+        report = inspect_config(c, topology=topology, slices=slices, layer_estimate=False)
+        fields = _step_fields(report)
+        if fields is None or fields["step_s"] is None:
+            why = report["train"].get("error", "no compiler estimate")
+            raise ValueError(f"the {n}-layer compile gives no estimate: {why}")
+        points.append(fields)
+    out: dict[str, Any] = {
+        k: points[0][k] + (layers - 1) * (points[1][k] - points[0][k]) for k in _STEP_FIELDS
+    }
+    out["memory_1_2_layers"] = [p["memory"] for p in points]
+    out["estimate_method"] = (
+        f"out of HBM as compiled: 1- and 2-layer compiles extrapolated to {layers} layers"
+    )
+    return out
+
+
 def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
-    """Compiles one candidate and models its step; failures become a row with `error`."""
+    """Compiles one candidate and models its step; failures become a row with `error`.
+
+    A candidate out of the chip's real HBM is compiled again with 1 and 2 layers and
+    extrapolated (`depth_extrapolated`), so it still gets a step time and its memory need;
+    it fits when that need is within `hbm_scale` x HBM, and the row says the scale it
+    needs (`min_hbm_scale`)."""
     from mlperf.inspection import inspect_config
     from parallel import costmodel
     from parallel.topology import get_topology
@@ -132,36 +216,59 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
         return row
     train = report["train"]
     hbm = topo.hbm_per_device * what_if.get("hbm_scale", 1.0)
-    total = report["bytes_per_device"]["total"]
     row.update(
         mesh=report["mesh"],
-        memory_per_device=total,
+        memory_per_device=report["bytes_per_device"]["total"],
         hbm_per_device=hbm,
-        fits=None if total is None else bool(total <= hbm),
         compile_time_s=train.get("compile_time_s"),
     )
     if "error" in train and not train.get("out_of_memory"):
         row["error"] = train["error"]
         return row
-    if "error" in train:  # out of memory at the real capacity: no step estimate
-        row["note"] = "compiler: out of HBM"
+    step_fields = _step_fields(report)
+    if train.get("out_of_memory"):
+        try:
+            step_fields = depth_extrapolated(c, cand.topology, slices)
+        except Exception as e:  # e.g. one layer alone does not fit: no step estimate
+            row.update(fits=False, note=f"compiler: out of HBM ({str(e).splitlines()[0][:200]})")
+            return row
+        row["estimate_method"] = step_fields["estimate_method"]
+        compiler_s = step_fields["step_s"]
+    elif step_fields is None:
+        row["error"] = "the compiled step has no memory or cost analysis"
         return row
+    else:  # without a usable compiler estimate: max(compute, HBM) + ICI, analytically
+        compiler_s = step_fields["step_s"] if "compiler_step_s" in train else None
+    need = step_fields["memory"]
+    row.update(
+        memory_per_device=need,
+        fits=bool(need <= hbm),
+        min_hbm_scale=need / topo.hbm_per_device,
+    )
+    gib = need / (1 << 30)
+    if not row["fits"]:
+        scale = math.ceil(row["min_hbm_scale"] * 100) / 100
+        row["note"] = f"needs {gib:.2f} GiB, fits only at hbm_scale >= {scale:.2f}"
+    elif need > topo.hbm_per_device:
+        real = topo.hbm_per_device / (1 << 30)
+        row["note"] = f"needs {gib:.2f} GiB, more than the real {real:.0f} GiB"
     per_chip = topo.devices_per_chip
     chip = topo.chip
     grad_shard = report["bytes_per_device"]["params"]
     if report["weight_update_sharding"]:
         grad_shard /= report["mesh"].get("data", 1)
+    grad_dtype = c.parallel.get("grad_reduce_dtype", "float32")
     step = costmodel.tpu_step_time(
-        flops=train["flops_per_device"],
-        bytes_accessed=train["bytes_accessed_per_device"],
-        wire_bytes=sum(train["collective_wire_bytes"].values()),
-        # Without a usable compiler estimate: max(compute, HBM) + ICI, analytically.
-        compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
+        flops=step_fields["flops_per_device"],
+        bytes_accessed=step_fields["bytes_accessed_per_device"],
+        wire_bytes=step_fields["wire_bytes"],
+        compiler_s=compiler_s,
         peak_flops=chip.peak_flops / per_chip,
         hbm_bandwidth=chip.hbm_bandwidth / per_chip,
         ici_bandwidth=2 * chip.link_bandwidth / per_chip,
         slices=slices,
-        dcn_bytes=grad_shard,
+        # The DCN all-reduce of f32 gradients, in the reduction's precision.
+        dcn_bytes=grad_shard * costmodel.grad_bytes_ratio(grad_dtype),
         dcn_bandwidth=chip.dcn_bandwidth / per_chip * what_if.get("dcn_scale", 1.0),
         ici_scale=what_if.get("ici_scale", 1.0),
         dcn_wire_bytes=train.get("dcn_wire_bytes"),
@@ -170,6 +277,7 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
     price = what_if.get("price") or chip.price_per_hour
     ttt = steps * step.total_s
     row.update(
+        grad_reduce_dtype=grad_dtype,
         step_s=step.total_s,
         compute_s=step.compute_s,
         memory_s=step.memory_s,
@@ -244,6 +352,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         mem = r.get("memory_per_device")
         mem_txt = "-" if mem is None else f"{mem / (1 << 30):.2f} GiB"
         fits = {True: "yes", False: "NO", None: "?"}[r.get("fits")]
+        if r.get("note") and "step_s" in r:  # e.g. "needs 19 GiB, fits only at hbm_scale >= 1.2"
+            fits += f" ({r['note']})"
         if "step_s" not in r:
             lines.append(f"| {i} | {r['candidate']} | {mem_txt} | {fits} | {r.get('note')} |")
             continue

@@ -1,0 +1,48 @@
+"""Per-step times and steps to target from MLPerf result logs (block_start/block_stop)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import REPO
+
+from launch import report
+from mlperf.planning import published_logs
+
+FIXTURE = os.path.join(REPO, "tests", "fixtures", "mlperf_v07_transformer_result.txt")
+
+
+def test_v07_epoch_blocks_give_the_step_time_and_steps_to_target():
+    """The hand-written v0.7-style Transformer log: 4 one-epoch blocks of 566,340 samples
+    at global batch 2048 (276.5 steps each), 3.34-3.41 s per block, target after epoch 4."""
+    events = report.read_mllog(FIXTURE)
+    times = published_logs.block_step_times(events)
+    assert times == pytest.approx([ms / 1000 / (566340 / 2048) for ms in (3410, 3350, 3340, 3360)])
+    summary = published_logs.step_summary(events)
+    assert summary["step_s"] == pytest.approx(3.355 / (566340 / 2048))  # 12.1 ms
+    assert summary["blocks"] == 4
+    assert summary["steps_to_target"] == pytest.approx(4 * 566340 / 2048)  # 1,106 steps
+
+
+def test_samples_count_blocks_and_a_log_without_a_batch_size():
+    def ev(key, t, **metadata):
+        return {"key": key, "time_ms": t, "value": None, "metadata": metadata}
+
+    events = [
+        {"key": "global_batch_size", "value": 8192, "time_ms": 0},
+        ev("block_start", 1000, samples_count=0),
+        ev("block_stop", 1000 + 10 * 17, samples_count=10 * 8192),  # 10 steps of 17 ms
+        ev("block_start", 2000, samples_count=10 * 8192),
+        ev("block_stop", 2000 + 5 * 19, samples_count=15 * 8192),
+        ev("run_stop", 3000, samples_count=560 * 8192, status="success"),
+    ]
+    assert published_logs.block_step_times(events) == pytest.approx([0.017, 0.019])
+    assert published_logs.steps_to_target(events) == 560
+    with pytest.raises(ValueError, match="no global_batch_size"):
+        published_logs.block_step_times(events[1:])
+
+
+def test_report_prints_each_published_files_step_time():
+    text = report.report([], [FIXTURE])
+    assert "12.13 ms/step over 4 blocks, 1106 steps to target" in text
