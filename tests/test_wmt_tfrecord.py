@@ -53,7 +53,7 @@ def parse(vocab_size):
 
 
 def test_reader_returns_what_tensorflow_decoded(records, vocab, tmp_path):
-    assert len(records) == 7
+    assert len(records) == 8
     for name, expected in records.items():
         source = tfrecord.TFRecordSource([os.path.join(FIXTURE, name)], parse(len(vocab)))
         assert len(source) == len(expected), name
