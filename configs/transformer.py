@@ -2,8 +2,10 @@
 
 Variants: tiny (embedded English -> German task, CPU, minutes; `make quality`),
 multi30k (Multi30k En-De from ../shared/data; `make quality-real`), base, big,
+tiny_tfrecord (the tiny model on the committed reference-format TFRecord fixture),
 mlperf_v07 (Google's MLPerf v0.7 JAX run: big model, 2048 packed 256-token rows, Adam,
-target BLEU 25.0 on newstest2014; point data.data_dir at your WMT files).
+target BLEU 25.0 (the reference's uncased BLEU) on the reference's preprocessed WMT
+TFRecords; point data.data_dir at them).
 Any value can be overridden: `--config.train.global_batch_size=64`.
 """
 
@@ -17,7 +19,15 @@ from configs.common import (
     train_block,
 )
 
-VARIANTS = ("tiny", "multi30k", "base", "big", "mlperf_v07")
+VARIANTS = ("tiny", "tiny_tfrecord", "multi30k", "base", "big", "mlperf_v07")
+# The reference's preprocessed WMT En-De (data.format=mlperf_tfrecord), as t2t writes the
+# packed problem the TPU submissions trained on; point data.data_dir at the folder.
+WMT_TFRECORD_FILES = dict(
+    train_files=("translate_ende_wmt32k_packed-train-*",),
+    eval_files=("translate_ende_wmt32k-dev-*",),
+    vocab_file="vocab.translate_ende_wmt32k.32768.subwords",
+)
+FIXTURE_DIR = "tests/fixtures/wmt_tfrecord"
 
 
 def _base() -> ConfigDict:
@@ -41,10 +51,19 @@ def _base() -> ConfigDict:
     )
     c.data = ConfigDict(
         dict(
+            # "text": line-aligned parallel text (corpus below), tokenised here;
+            # "mlperf_tfrecord": the MLPerf reference's preprocessed TFRecords (subword ids;
+            # train_files / eval_files are glob patterns, vocab_file its subword vocabulary;
+            # input_pipeline/translation_tfrecord.py, docs/official-inputs.md).
+            format="text",
             corpus="files",  # "tiny" (embedded) or "files"
             data_dir="",  # relative file paths are resolved against this
             train_files=("train.en", "train.de"),  # (source, target), line-aligned
             eval_files=("newstest2014.en", "newstest2014.de"),
+            # mlperf_tfrecord only: (source, reference) text files to evaluate on instead of
+            # eval_files, as the reference scores newstest2014 (sources encoded with the
+            # subword vocabulary, BLEU against the reference lines as they are).
+            eval_text_files=(),
             vocab_file="",  # sentencepiece model; "" = train one on the training text
             vocab_size=32768,
             vocab_type="unigram",  # sentencepiece model type: unigram, bpe or word
@@ -61,7 +80,17 @@ def _base() -> ConfigDict:
     # final_sets: name -> (source, target) files decoded in full once after training
     # (mlperf/transformer/final_bleu.py; launch.final_bleu for a finished run); the in-loop
     # eval uses data.max_eval_examples.
-    c.eval = ConfigDict(dict(beam_size=4, length_penalty=0.6, max_extra_length=50, final_sets={}))
+    # bleu: "sacrebleu" (13a tokenisation, cased) or "mlperf_v07" (the v0.7 reference's
+    # target: uncased, its own tokenizer; mlperf/transformer/bleu_mlperf.py).
+    c.eval = ConfigDict(
+        dict(
+            beam_size=4,
+            length_penalty=0.6,
+            max_extra_length=50,
+            final_sets={},
+            bleu="sacrebleu",
+        )
+    )
     c.mesh = mesh_block()
     c.parallel = parallel_block()
     c.precision = precision_block()
@@ -97,7 +126,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         raise ValueError(f"unknown transformer variant {arg!r}; choose one of {VARIANTS}.")
     c = _base()
     c.variant = arg
-    if arg == "tiny":
+    if arg in ("tiny", "tiny_tfrecord"):
         c.model.update(
             emb_dim=64,
             num_heads=4,
@@ -129,6 +158,17 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             log_every_steps=50,
             target=80.0,
         )
+    if arg == "tiny_tfrecord":
+        # The tiny model on the committed reference-format TFRecord fixture (tests).
+        c.data.update(
+            format="mlperf_tfrecord",
+            data_dir=FIXTURE_DIR,
+            max_length=48,
+            eval_max_length=48,
+            **WMT_TFRECORD_FILES,
+        )
+        c.eval.bleu = "mlperf_v07"
+        c.train.update(eval_every_samples=32 * 20, steps=40, target=80.0)
     elif arg == "multi30k":
         # Sized for ~30 minutes on a shared 2-core CPU: a narrow model (the tied output
         # projection over 4,096 ids is then the largest matmul) seeing as many sentence
@@ -198,5 +238,13 @@ def get_config(arg: str = "tiny") -> ConfigDict:
                 eval_batch_size=4096,
                 target=25.0,
             )
-            c.data.update(max_length=256, vocab_size=33708)
+            c.data.update(
+                format="mlperf_tfrecord",
+                max_length=256,
+                vocab_size=33708,
+                eval_text_files=("newstest2014.en", "newstest2014.de"),
+                **WMT_TFRECORD_FILES,
+            )
+            # The reference's target is its uncased BLEU (bleu_mlperf.py), not SacreBLEU.
+            c.eval.bleu = "mlperf_v07"
     return c

@@ -29,10 +29,12 @@ from input_pipeline import (
     grain_pipeline,
     packing,
     translation_tfds,
+    translation_tfrecord,
     translation_tiny,
     translation_vocab,
 )
 from input_pipeline.file_lock import file_lock
+from input_pipeline.subword_vocab import SubwordVocab
 
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
 EVAL_FIELDS = ("inputs", "targets", "index")
@@ -62,7 +64,8 @@ class EvalRecords:
 class TranslationData:
     """One host's view of the translation data."""
 
-    vocab: spm.SentencePieceProcessor = dataclasses.field(repr=False)
+    # sentencepiece (text format) or the reference's subword vocabulary (mlperf_tfrecord)
+    vocab: spm.SentencePieceProcessor | SubwordVocab = dataclasses.field(repr=False)
     vocab_size: int
     train_rows: packing.PackedRows | None = dataclasses.field(repr=False)  # None: eval only
     eval_records: EvalRecords = dataclasses.field(repr=False)
@@ -70,6 +73,12 @@ class TranslationData:
     eval_length: int
     num_eval_examples: int
     summaries: dict[str, dict] = dataclasses.field(repr=False)
+
+    def decode(self, ids) -> str:
+        """Text of a decoded sequence: the ids before the first EOS, padding dropped."""
+        if isinstance(self.vocab, SubwordVocab):
+            return self.vocab.decode_ids(ids)
+        return translation_vocab.decode_ids(self.vocab, ids)
 
     def train_iterator(self, host_batch_size: int, seed: int, shard_index: int, shard_count: int):
         """Endless host batches of packed rows (checkpointable grain iterator)."""
@@ -155,11 +164,21 @@ def build_translation_data(
     """Prepares (or reuses) the cached data and returns it (all hosts build the same);
     with_train=False skips packing the training rows (evaluation only).
 
-    data_cfg keys: corpus (tiny/files), data_dir, train_files, eval_files, vocab_file,
-    vocab_size, vocab_type, max_length, eval_max_length, pack, seed, cache_dir, max_eval_examples,
-    tiny_train_pairs, tiny_eval_pairs.
+    data.format=mlperf_tfrecord reads the MLPerf reference's TFRecords instead
+    (input_pipeline/translation_tfrecord.py).
+
+    data_cfg keys: format (text/mlperf_tfrecord), corpus (tiny/files), data_dir, train_files,
+    eval_files, vocab_file, vocab_size, vocab_type, max_length, eval_max_length, pack, seed,
+    cache_dir, max_eval_examples, tiny_train_pairs, tiny_eval_pairs.
     """
     cache_dir = os.path.abspath(os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR))
+    data_format = data_cfg.get("format", "text")
+    if data_format == translation_tfrecord.FORMAT:
+        return translation_tfrecord.build(data_cfg, cache_dir, with_train)
+    if data_format != "text":
+        raise ValueError(
+            f"data.format must be 'text' or {translation_tfrecord.FORMAT!r}, got {data_format!r}"
+        )
     files = _split_files(data_cfg, cache_dir)
     vocab_file = _vocab_file(data_cfg, files["train"], cache_dir)
     params = translation_tfds.TranslationParams(

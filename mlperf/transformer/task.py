@@ -3,8 +3,9 @@ beam-search decoding on the mesh, BLEU from statistics summed over hosts.
 
 Eval: `eval_sums` gives the teacher-forced loss and token accuracy (device sums);
 `eval_outputs` runs beam search on the mesh (batch sharded over `data`);
-`host_eval_stats` detokenises this host's rows and turns them into sacrebleu's
-sufficient statistics; `finalize_eval` sums them over hosts and computes BLEU once.
+`host_eval_stats` detokenises this host's rows and turns them into BLEU's sufficient
+statistics (sacrebleu's, or the v0.7 reference's with eval.bleu=mlperf_v07);
+`finalize_eval` sums them over hosts and computes BLEU once.
 The target metric is BLEU / 100, the scale MLPerf logs as eval_accuracy (25.0 -> 0.25).
 """
 
@@ -22,13 +23,14 @@ from input_pipeline import packing, translation_vocab
 from input_pipeline.translation_data import TranslationData, build_translation_data
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config, single_phase
-from mlperf.transformer import bleu, final_bleu
+from mlperf.transformer import bleu, bleu_mlperf, final_bleu
 from mlperf.transformer.beam_search import beam_search
 from mlperf.transformer.model import Transformer, TransformerConfig
 from mlperf.transformer.schedule import rsqrt_schedule
 from parallel.precision import policy_from_config
 
 VOCAB_MULTIPLE = 128
+BLEU_METHODS = ("sacrebleu", "mlperf_v07")
 
 
 def pick(log_probs: jax.Array, labels: jax.Array, einsum_gather: bool) -> jax.Array:
@@ -86,6 +88,8 @@ class TransformerTask(Task[TranslationData]):
     def prepare(self, shard_index: int, shard_count: int) -> TranslationData:
         """Builds (or loads the cached) vocabulary, dataset and packed rows."""
         del shard_index, shard_count  # every host holds the (small) index; rows are sharded
+        if self.bleu_method() == "mlperf_v07":
+            bleu_mlperf.tokenize("")  # builds its Unicode classes now, not in the first eval
         return build_translation_data(self.config.data, with_train=True)
 
     def make_phases(self) -> list[Phase]:
@@ -201,13 +205,23 @@ class TransformerTask(Task[TranslationData]):
         for out, b in zip(outputs, batches, strict=True):
             for tokens, index, mask in zip(out["tokens"], b["index"], b["mask"], strict=True):
                 if mask > 0:
-                    hyps.append(translation_vocab.decode_ids(data.vocab, tokens))
+                    hyps.append(data.decode(tokens))
                     refs.append(data.references[int(index)])
         return hyps, refs
 
     def host_eval_stats(self, outputs: list[dict], batches: list[dict]) -> dict[str, np.ndarray]:
         hyps, refs = self.translations(outputs, batches)
+        if self.bleu_method() == "mlperf_v07":
+            return {"bleu_stats": bleu_mlperf.bleu_stats(hyps, refs)}
         return {"bleu_stats": bleu.bleu_stats(hyps, refs)}
+
+    def bleu_method(self) -> str:
+        """eval.bleu: "sacrebleu" (13a, cased) or "mlperf_v07" (the v0.7 reference's
+        uncased BLEU, mlperf/transformer/bleu_mlperf.py)."""
+        method = self.config.eval.get("bleu", "sacrebleu")
+        if method not in BLEU_METHODS:
+            raise ValueError(f"eval.bleu must be one of {BLEU_METHODS}, got {method!r}")
+        return method
 
     def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
         tokens = max(int(sums["tokens"]), 1)
@@ -217,7 +231,8 @@ class TransformerTask(Task[TranslationData]):
             "eval_examples": int(sums["examples"]),
         }
         if "bleu_stats" in sums:
-            metrics.update(bleu.bleu_from_stats(sums["bleu_stats"]))
+            module = bleu_mlperf if self.bleu_method() == "mlperf_v07" else bleu
+            metrics.update(module.bleu_from_stats(sums["bleu_stats"]))
             metrics["bleu_fraction"] = metrics["bleu"] / 100.0
         return metrics
 
