@@ -109,9 +109,11 @@ def fit_text(config, sizes: dict[str, int], devices: int, where: str, slices: in
             f"{'' if p.multiple == sizes['data'] else ' x microbatches'}); nearest valid: "
             f"{below}{p.above} (--config.{p.name}={p.nearest})"
         )
-    meshes = mesh_proposals(config, devices, slices)
+    # As --mesh takes them: one slice's sizes, `data` spanning the slices on top.
+    meshes = [dict(m, data=m["data"] // slices) for m in mesh_proposals(config, devices, slices)]
+    per_slice = f" per slice (x {slices} slices)" if slices > 1 else ""
     mesh_hint = (
-        "; or keep the batches on mesh " + " or ".join(mesh_text(m) for m in meshes[:3])
+        "; or keep the batches on mesh " + " or ".join(mesh_text(m) for m in meshes[:3]) + per_slice
         if meshes
         else "; no mesh of these axes splits every batch"
     )

@@ -331,7 +331,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
     if "step_s" not in row:
         error = row.get("error", "-").replace("|", "/")
         wall = f"{row['wall_s']:.0f}" if row.get("wall_s") else "-"
-        return head + [memory, f"error: {error}"] + ["-"] * 10 + [row["published"] or "-", wall]
+        return head + [memory, f"error: {error}"] + ["-"] * 9 + [row["published"] or "-", wall]
     colls = ", ".join(
         f"{n} {_OP.get(op, op)} {_gb(b)}" for op, (n, b) in row["collectives"].items()
     )

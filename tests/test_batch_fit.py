@@ -62,6 +62,9 @@ def test_maskrcnn_train_batch_on_4096_chips_keeps_the_batch_by_changing_the_mesh
     assert suggest(config, {"data": 1024, "model": 4}, 4096, slices=2) == {
         "mesh": "data=128,model=16"
     }
+    text = fit_text(config, {"data": 1024, "model": 4}, 4096, "v5e:16x32 x 2 slices", 2)
+    assert "keep the batches on mesh data=128,model=16 or " in text
+    assert text.endswith(" per slice (x 2 slices).")
 
 
 def test_microbatches_multiply_the_train_batch_multiple():
