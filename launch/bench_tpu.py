@@ -30,12 +30,12 @@ def header(models: list[str], generations: list[str], variant: str, out: str) ->
         ).stdout.strip()
     except OSError:
         commit = "unknown"
-    versions = []
+    versions = {}
     for package in ("libtpu", "jax"):
         try:
-            versions.append(f"{package} {md.version(package)}")
+            versions[package] = md.version(package)
         except md.PackageNotFoundError:
-            versions.append(f"{package} not installed")
+            versions[package] = "not installed"
     command = (
         f"python -m launch.bench tpu --models {','.join(models)} "
         f"--generations {','.join(generations)}"
@@ -43,8 +43,9 @@ def header(models: list[str], generations: list[str], variant: str, out: str) ->
         + (f" --out {out}" if out else "")
     )
     return (
-        f"Generated {time.strftime('%Y-%m-%d', time.gmtime())}, commit {commit}, "
-        f"{', '.join(versions)} compiler estimate, 2-core CPU container; regenerate with\n\n"
+        f"Generated {time.strftime('%Y-%m-%d', time.gmtime())}, commit {commit}, libtpu "
+        f"{versions['libtpu']} compiler estimate (jax {versions['jax']}), 2-core CPU "
+        "container; rows not compiled by this command come from its cache. Regenerate with\n\n"
         f"```\n{command}\n```"
     )
 

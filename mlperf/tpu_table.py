@@ -330,8 +330,9 @@ def _cells(row: dict[str, Any]) -> list[str]:
         memory = f"{verdict}: {used:.1f} of {hbm:.0f} GiB"
     if "step_s" not in row:
         error = row.get("error", "-").replace("|", "/")
+        error = error if error == "not compiled" else f"error: {error}"
         wall = f"{row['wall_s']:.0f}" if row.get("wall_s") else "-"
-        return head + [memory, f"error: {error}"] + ["-"] * 9 + [row["published"] or "-", wall]
+        return head + [memory, error] + ["-"] * 9 + [row["published"] or "-", wall]
     colls = ", ".join(
         f"{n} {_OP.get(op, op)} {_gb(b)}" for op, (n, b) in row["collectives"].items()
     )
@@ -403,7 +404,8 @@ roofline plus ICI where libtpu's estimate is unusable, plus DCN), MFU (analytic 
 over chips x peak x step), steps (`config.plan.steps_to_target`, else the step budget),
 time to train = steps x step, chip-hours and dollars at the list price
 (`parallel/hardware.py`), Google's published v0.7 figures for the v3 rows with the
-ratio of the estimate to them, and the wall time of the row's command.
+ratio of the estimate to them (SSD: to the midpoint of its range, 5.5 ms), and the wall
+time of the row's command (its own process, alone on the machine).
 """
 
 
