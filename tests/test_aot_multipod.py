@@ -79,7 +79,7 @@ def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
 
 
-@pytest.mark.slow  # ~1 min, the train step for 512 chips in two slices
+@pytest.mark.slow  # ~2 min (108 s alone), the train step for 512 chips in two slices
 def test_bert_large_compiles_for_two_v6e_slices_joined_over_dcn():
     """A current generation's multi-slice program at full size: two v6e:16x16 slices
     (512 chips), `data` spanning the slices over DCN and model=4 inside each; fits the
