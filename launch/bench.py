@@ -4,6 +4,8 @@
     python -m launch.bench collectives [--sizes 4K,1M,64M] [--device_counts 2,4,8] [--plot p.png]
                                        [--no_tpu_estimates]
     python -m launch.bench peers [--peer_models bert] [--peer_sizes tiny,base] [--rounds 5]
+    python -m launch.bench tpu [--models bert,transformer] [--generations v3,v4]
+                               [--out docs/tpu-table.md] [--nocompile]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -55,6 +57,22 @@ _PEER_THREADS = flags.DEFINE_integer(
 _PEER_EINSUM = flags.DEFINE_bool(
     "peer_einsum_gather", False, "peers: our one-hot einsum lookups (the TPU choice) on CPU."
 )
+
+_TPU_MODELS = flags.DEFINE_list(
+    "models", ["bert", "transformer", "ssd", "maskrcnn"], "tpu: mlperf configs."
+)
+_TPU_GENERATIONS = flags.DEFINE_list(
+    "generations", ["v3", "v4", "v5p", "v5e", "v6e"], "tpu: TPU generations."
+)
+_TPU_VARIANT = flags.DEFINE_string(
+    "variant", "mlperf_v07", "tpu: config variant (others compile on 2x2 slices)."
+)
+_TPU_OUT = flags.DEFINE_string("out", "", "tpu: also write the markdown table here.")
+_TPU_CACHE = flags.DEFINE_string(
+    "cache_dir", "/tmp/multipod-tpu-table", "tpu: one JSON per compiled row."
+)
+_TPU_TIMEOUT = flags.DEFINE_float("timeout_s", 900.0, "tpu: seconds per row's compile.")
+_TPU_COMPILE = flags.DEFINE_bool("compile", True, "tpu: compile rows not in the cache.")
 
 MIN_INPUT_RATIO = 3.0
 
@@ -170,9 +188,22 @@ def main(argv: list[str]) -> None:
         return collectives_main()
     if argv[1:] == ["peers"]:
         return peers_main()
+    if argv[1:] == ["tpu"]:
+        from launch import bench_tpu
+
+        return bench_tpu.main(
+            _TPU_MODELS.value,
+            _TPU_GENERATIONS.value,
+            _TPU_VARIANT.value,
+            _TPU_OUT.value,
+            _TPU_CACHE.value,
+            _TPU_TIMEOUT.value,
+            _TPU_COMPILE.value,
+        )
     if len(argv) > 1:
         raise app.UsageError(
-            f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives' and 'peers'"
+            f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers' "
+            "and 'tpu'"
         )
     config = _CONFIG.value
     if config is None:

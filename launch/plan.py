@@ -22,6 +22,7 @@ reference TPU compile with the analytic model alone.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from absl import app, flags
@@ -144,6 +145,14 @@ def main(argv: list[str]) -> None:
         slices=f["slices"],
         price=f["price"],
     )
+    from mlperf.batch_fit import topology_fit_text
+
+    # The config's own mesh is not a candidate when a batch does not split: say so and
+    # what would, before the compiles (on stderr under --json, which prints only JSON).
+    for name in dict.fromkeys(topologies):
+        note = topology_fit_text(config, name, f["slices"])
+        if note:
+            print(f"note: {note}", file=sys.stderr if f["json"] else sys.stdout, flush=True)
     rows = plan(config, list(dict.fromkeys(topologies)), what_if, f["full"], f["budget"])
     print(json.dumps(rows, indent=2, default=str) if f["json"] else table(rows))
     if f["plot"]:

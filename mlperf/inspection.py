@@ -191,6 +191,24 @@ def use_slices(config, slices: int) -> None:
     m.dcn_shape = tuple(slices if a == "data" else 1 for a in axes)
 
 
+def check_batches(config, devices: int, where: str) -> None:
+    """Raises a one-line ConfigError when a global batch does not split over the mesh's
+    `data` axis, naming the nearest valid batches and the meshes that keep them
+    (`mlperf.batch_fit`), before anything is built."""
+    import math
+
+    from mlperf.batch_fit import fit_text
+    from mlperf.validate import ConfigError, mesh_sizes
+
+    sizes = mesh_sizes(config, devices)
+    if "data" not in sizes:
+        return  # validate() names the missing axis
+    slices = math.prod(d for d in config.mesh.dcn_shape if d > 0)
+    text = fit_text(config, sizes, devices, where, slices)
+    if text:
+        raise ConfigError(text)
+
+
 def inspect_config(
     config,
     devices=None,
@@ -233,6 +251,7 @@ def inspect_config(
                 f"({mesh_fit_text(topo, list(config.mesh.axes))}): {e}"
             ) from None
     devices = list(jax.devices() if devices is None else devices)
+    check_batches(config, len(devices), topo.label if topo is not None else "these devices")
     trainer = build_trainer(config, devices=devices, prepare_data=False)
     phase = trainer.phases[0]
     state = trainer.layout.abstract_train_state

@@ -77,3 +77,25 @@ def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
     task = get_task(config)
     analytic = task.flops_per_example(task.phases()[0]) * 8192 / 4096
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
+
+
+@pytest.mark.slow  # ~2 min (108 s alone), the train step for 512 chips in two slices
+def test_bert_large_compiles_for_two_v6e_slices_joined_over_dcn():
+    """A current generation's multi-slice program at full size: two v6e:16x16 slices
+    (512 chips), `data` spanning the slices over DCN and model=4 inside each; fits the
+    32 GiB per chip, and the collectives that cross slices are the gradient reduction's."""
+    config = get_config("mlperf_v07")
+    report = inspect_config(config, topology="v6e:16x16", slices=2, layer_estimate=False)
+    assert report["devices"] == 512 and report["chips"] == 512 and report["slices"] == 2
+    assert report["device_kind"] == "TPU v6 lite" and report["mesh"] == {"data": 128, "model": 4}
+    assert report["mesh_mapping"].endswith("DCN: data x 2 slices")
+    train = report["train"]
+    assert "error" not in train, train.get("error")
+    assert report["fits"] and report["hbm_per_device"] == 32 * GiB
+    assert train["gather_scatter"] == 0
+    assert train["dcn_collectives"].get("all-reduce", 0) > 0 and train["dcn_wire_bytes"] > 0
+    # 8192 examples on 512 chips, each model group of 4 splitting its 64 examples:
+    # sixteen examples' FLOPs per chip.
+    task = get_task(config)
+    analytic = task.flops_per_example(task.phases()[0]) * 8192 / 512
+    assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)

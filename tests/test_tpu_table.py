@@ -1,0 +1,49 @@
+"""`python -m launch.bench tpu`'s table code on BERT tiny rows (v3:2x2, v4:2x2x1): each
+row a real `launch.inspect` process, cached, summarised and rendered; a failed compile
+keeps its error in its row and the table goes on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launch import bench_tpu
+from mlperf import tpu_table
+
+pytestmark = pytest.mark.xdist_group("aot")
+
+
+def test_tiny_rows_compile_cache_and_render(tmp_path):
+    cache = str(tmp_path / "rows")
+    rows = bench_tpu.run(["bert"], ["v3", "v4"], "tiny", cache, 600, compile_missing=True)
+    assert [r["topology"] for r in rows] == ["v3:2x2", "v4:2x2x1"]
+    for row in rows:
+        assert "error" not in row, row.get("error")
+        assert row["chips"] == 4 and row["fits"] is True
+        assert row["gather_scatter"] == 0
+        assert row["step_s"] > 0 and 0 < row["mfu"] < 1
+        assert row["time_to_train_s"] == pytest.approx(row["steps"] * row["step_s"])
+        assert row["dollars"] > 0 and row["chip_hours"] > 0
+        # The compiled FLOPs count the analytic matmuls plus elementwise work.
+        assert 0.8 < row["flops_vs_analytic"] < 2.0, row
+    # v3:2x2 has 8 cores: the config's data=2 x model=4; v4 in megacore mode 4 devices:
+    # the config's fixed mesh does not fit, so `data` takes what is left.
+    assert rows[0]["mesh"] == "data=2,model=4" and rows[0]["note"] == ""
+    assert rows[1]["mesh"] == "data=1,model=4" and "--mesh=data=-1,model=4" in rows[1]["note"]
+    cached = json.loads((tmp_path / "rows" / "tiny-bert-v4.json").read_text())
+    assert cached["rc"] == 0 and cached["report"]["device_kind"] == "TPU v4"
+    # The cache answers without compiling; a row that is not cached is marked, not built.
+    again = bench_tpu.run(["bert"], ["v3", "v4", "v6e"], "tiny", cache, 600, False)
+    assert [r["step_s"] for r in again[:2]] == [r["step_s"] for r in rows]
+    assert again[2]["error"] == "not compiled"
+    # A compile that runs past its timeout keeps the error in its row; the table goes on.
+    failed = bench_tpu.run(["bert"], ["v6e"], "tiny", cache, 0.01, True)
+    assert failed[0]["error"].startswith("timed out after")
+    text = tpu_table.markdown(rows + failed, bench_tpu.header(["bert"], ["v3"], "tiny", ""))
+    lines = text.splitlines()
+    assert lines[0].startswith("# TPU table") and "libtpu" in text
+    assert "launch.bench tpu --models bert" in text
+    table = [ln for ln in lines if ln.startswith("| bert")]
+    assert len(table) == 3 and "error: timed out" in table[2]
+    assert all(ln.count("|") == len(tpu_table.COLUMNS) + 1 for ln in table)
