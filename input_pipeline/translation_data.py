@@ -158,6 +158,24 @@ def _split_files(data_cfg, cache_dir: str) -> dict[str, tuple[str, str]]:
     }
 
 
+def _from_tfrecords(vocab, rows, records: list, references: dict) -> TranslationData:
+    """TranslationData over records read from the reference's TFRecords."""
+    # Sorted by input length, as the text path: each eval batch's beam search ends sooner.
+    records.sort(key=lambda r: (len(r["inputs"]), int(r["index"])))
+    longest = max(max(len(r["inputs"]), len(r["targets"])) for r in records)
+    eval_length = int(8 * math.ceil(longest / 8))
+    return TranslationData(
+        vocab=vocab,
+        vocab_size=len(vocab),
+        train_rows=rows,
+        eval_records=EvalRecords(records, eval_length),
+        references={int(r["index"]): references[int(r["index"])] for r in records},
+        eval_length=eval_length,
+        num_eval_examples=len(records),
+        summaries={},
+    )
+
+
 def build_translation_data(
     data_cfg, eval_split: str = "eval", with_train: bool = True
 ) -> TranslationData:
@@ -174,7 +192,7 @@ def build_translation_data(
     cache_dir = os.path.abspath(os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR))
     data_format = data_cfg.get("format", "text")
     if data_format == translation_tfrecord.FORMAT:
-        return translation_tfrecord.build(data_cfg, cache_dir, with_train)
+        return _from_tfrecords(*translation_tfrecord.read(data_cfg, cache_dir, with_train))
     if data_format != "text":
         raise ValueError(
             f"data.format must be 'text' or {translation_tfrecord.FORMAT!r}, got {data_format!r}"

@@ -26,7 +26,6 @@ the source lines are encoded with the vocabulary and scored against the referenc
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 
@@ -225,10 +224,9 @@ def text_eval_pairs(
     return records, references
 
 
-def build(data_cfg, cache_dir: str, with_train: bool):
-    """TranslationData over the reference's TFRecords (data.format=mlperf_tfrecord)."""
-    from input_pipeline.translation_data import EvalRecords, TranslationData
-
+def read(data_cfg, cache_dir: str, with_train: bool):
+    """The reference's TFRecords (data.format=mlperf_tfrecord) as (vocabulary, training
+    rows or None, eval records, references by index); translation_data assembles them."""
     vocab = vocab_of(data_cfg)
     index_dir = os.path.join(cache_dir, "tfrecord_index")
     for key in ("train_files", "eval_files"):
@@ -250,17 +248,4 @@ def build(data_cfg, cache_dir: str, with_train: bool):
     if data_cfg.max_eval_examples:
         records = records[: int(data_cfg.max_eval_examples)]
     logging.info("WMT eval: %d pairs from %s", len(records), text_files or eval_files)
-    # Sorted by input length, as the text path: each eval batch's beam search ends sooner.
-    records.sort(key=lambda r: (len(r["inputs"]), int(r["index"])))
-    longest = max(max(len(r["inputs"]), len(r["targets"])) for r in records)
-    eval_length = int(8 * math.ceil(longest / 8))
-    return TranslationData(
-        vocab=vocab,
-        vocab_size=len(vocab),
-        train_rows=rows,
-        eval_records=EvalRecords(records, eval_length),
-        references={int(r["index"]): references[int(r["index"])] for r in records},
-        eval_length=eval_length,
-        num_eval_examples=len(records),
-        summaries={},
-    )
+    return vocab, rows, records, references

@@ -23,8 +23,9 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import apply_mesh_override, parse_flags, relax_cpu_collective_timeouts
+from launch.cli import parse_flags, relax_cpu_collective_timeouts
 from mlperf.peak_flops import measure_matmul_peak
+from mlperf.validate import apply_mesh_override
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 

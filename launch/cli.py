@@ -36,22 +36,6 @@ def relax_cpu_collective_timeouts(env: MutableMapping[str, str] = os.environ) ->
     env["XLA_FLAGS"] = " ".join(flags)
 
 
-def apply_mesh_override(config, mesh_text: str) -> None:
-    """`data=8,model=1` -> config.mesh.axes / ici_shape (single slice)."""
-    if not mesh_text:
-        return
-    axes, sizes = [], []
-    for part in mesh_text.split(","):
-        name, _, size = part.partition("=")
-        if not name.strip() or not size.strip().lstrip("-").isdigit():
-            raise ValueError(f"--mesh {mesh_text!r}: use axis=size pairs, e.g. data=8,model=1")
-        axes.append(name.strip())
-        sizes.append(int(size))
-    config.mesh.axes = tuple(axes)
-    config.mesh.ici_shape = tuple(sizes)
-    config.mesh.dcn_shape = (1,) * len(axes)
-
-
 def usage_error(message: str) -> None:
     """Bad input before anything starts: one line on stderr, exit code 2."""
     print(f"multipod: error: {message}", file=sys.stderr, flush=True)

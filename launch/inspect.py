@@ -19,8 +19,9 @@ from typing import Any
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import apply_mesh_override, parse_flags, relax_cpu_collective_timeouts
+from launch.cli import parse_flags, relax_cpu_collective_timeouts
 from mlperf.inspection import inspect_config, table
+from mlperf.validate import apply_mesh_override
 
 relax_cpu_collective_timeouts()  # before jax starts its backend (nothing above imports it)
 

@@ -142,7 +142,6 @@ def topology_fit_text(config, topology: str, slices: int = 1) -> str:
     (that error is the mesh's, reported where the mesh is built)."""
     import copy
 
-    from mlperf.inspection import use_slices
     from mlperf.validate import ConfigError, mesh_sizes
     from parallel.topology import get_topology
 
@@ -156,3 +155,18 @@ def topology_fit_text(config, topology: str, slices: int = 1) -> str:
     if "data" not in sizes:
         return ""
     return fit_text(c, sizes, len(topo.devices), topo.label, slices)
+
+
+def use_slices(config, slices: int) -> None:
+    """Sets config.mesh.dcn_shape for `slices` slices joined over DCN: the `data` axis
+    spans them (the ICI shape keeps its sizes per slice). A config that already names a
+    DCN shape for that many slices is left as it is."""
+    import math
+
+    m = config.mesh
+    if slices <= 1 or math.prod(d for d in m.dcn_shape if d > 0) == slices:
+        return
+    axes = tuple(m.axes)
+    if "data" not in axes:
+        raise ValueError(f"mesh.axes={axes} has no 'data' axis to span {slices} slices.")
+    m.dcn_shape = tuple(slices if a == "data" else 1 for a in axes)

@@ -16,6 +16,8 @@ from typing import Any
 
 from absl import logging
 
+from mlperf.batch_fit import use_slices
+
 # The TPU compiler's out-of-memory messages, in the two forms libtpu prints:
 # "Used 20.53G of 15.48G hbm. Exceeded hbm capacity by 5.05G." and "the total memory
 # required for HLO temporaries (32.71G) exceeds available HBM (15.48G)."
@@ -174,21 +176,6 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
     train["unrolled_1_2_layer_step_s"] = estimates
     train["estimated_step_s"] = estimates[0] + (layers - 1) * per_layer
     train["estimate_method"] = f"unrolled 1- and 2-layer compiles, extrapolated to {layers}"
-
-
-def use_slices(config, slices: int) -> None:
-    """Sets config.mesh.dcn_shape for `slices` slices joined over DCN: the `data` axis
-    spans them (the ICI shape keeps its sizes per slice). A config that already names a
-    DCN shape for that many slices is left as it is."""
-    import math
-
-    m = config.mesh
-    if slices <= 1 or math.prod(d for d in m.dcn_shape if d > 0) == slices:
-        return
-    axes = tuple(m.axes)
-    if "data" not in axes:
-        raise ValueError(f"mesh.axes={axes} has no 'data' axis to span {slices} slices.")
-    m.dcn_shape = tuple(slices if a == "data" else 1 for a in axes)
 
 
 def check_batches(config, devices: int, where: str) -> None:

@@ -114,7 +114,7 @@ def load_config(model: str, variant: str, overrides: tuple[tuple[str, str], ...]
     """The config `configs/<model>.py:<variant>` with a row's overrides applied."""
     import importlib
 
-    from launch.cli import apply_mesh_override  # the same parsing as the command line
+    from mlperf.validate import apply_mesh_override  # the same parsing as the command line
 
     config = importlib.import_module(f"configs.{model}").get_config(variant)
     for key, value in overrides:
@@ -132,8 +132,7 @@ def load_config(model: str, variant: str, overrides: tuple[tuple[str, str], ...]
 def row_spec(model: str, generation: str, variant: str = "mlperf_v07") -> RowSpec:
     """The row of `model` on `generation`: published scale (v3) or nearest chip count,
     with overrides where the config's batches do not split over its mesh there."""
-    from mlperf.batch_fit import mesh_text, problems, suggest
-    from mlperf.inspection import use_slices
+    from mlperf.batch_fit import mesh_text, problems, suggest, use_slices
     from mlperf.validate import ConfigError, mesh_sizes
 
     if model not in MODELS:
