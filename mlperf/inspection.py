@@ -176,6 +176,27 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
     train["estimate_method"] = f"unrolled 1- and 2-layer compiles, extrapolated to {layers}"
 
 
+def profile_step(hlo_text: str, topo=None, top: int = 25) -> dict[str, Any]:
+    """The op profile of a compiled step (`parallel.hlo_profile`): the compiler's per-op
+    cycles at the chip's clock, collectives by the ring model over the chip's links
+    (both directions, shared by its cores), the rest by the roofline at its peaks."""
+    from parallel.hardware import CLOCK_HZ
+    from parallel.hlo_profile import op_profile, summarize
+
+    kw: dict[str, Any] = {}
+    if topo is not None:
+        per_device = topo.devices_per_chip
+        kw = dict(
+            clock_hz=CLOCK_HZ.get(topo.generation),
+            link_bandwidth=2 * topo.chip.link_bandwidth / per_device,
+            peak_flops=topo.chip.peak_flops / per_device,
+            hbm_bandwidth=topo.chip.hbm_bandwidth / per_device,
+        )
+    summary = summarize(op_profile(hlo_text, **kw), top)
+    summary["clock_hz"] = kw.get("clock_hz")
+    return summary
+
+
 def use_slices(config, slices: int) -> None:
     """Sets config.mesh.dcn_shape for `slices` slices joined over DCN: the `data` axis
     spans them (the ICI shape keeps its sizes per slice). A config that already names a
@@ -198,6 +219,7 @@ def inspect_config(
     eval_step: bool = False,
     layer_estimate: bool = True,
     slices: int = 1,
+    profile: int = 0,
 ) -> dict:
     """Compiles the first phase's train step (and the eval step) and returns the report.
 
@@ -205,7 +227,8 @@ def inspect_config(
     copies of it joined over DCN (the `data` axis spans them, `use_slices`); otherwise
     `devices` (default: this process's devices) are used. With `layer_estimate`, a
     scanned layer stack's step-time estimate comes from two small unrolled compiles
-    (`_layer_estimate`).
+    (`_layer_estimate`). `profile` > 0 adds the train step's op profile with that many
+    top ops (`profile_step`).
     """
     import jax
 
@@ -241,12 +264,10 @@ def inspect_config(
     slice_of = slice_of if len(set(slice_of)) > 1 else None
     peak = topo.chip.peak_flops / topo.devices_per_chip if topo is not None else None
     hbm_bw = topo.chip.hbm_bandwidth / topo.devices_per_chip if topo is not None else None
-    train = _step_report(
-        *_compile(lambda: trainer.lower_train_step(phase)),
-        peak_flops=peak,
-        slice_of=slice_of,
-        hbm_bandwidth=hbm_bw,
-    )
+    compiled_train = _compile(lambda: trainer.lower_train_step(phase))
+    train = _step_report(*compiled_train, peak_flops=peak, slice_of=slice_of, hbm_bandwidth=hbm_bw)
+    if profile and compiled_train[1] is not None:
+        train["profile"] = profile_step(compiled_train[1].as_text(), topo, profile)
     scanned = bool(config.model.get("scan_layers", False)) and config.model.num_layers > 2
     if layer_estimate and scanned and "compiler_step_s" in train:
         _layer_estimate(config, devices, train)
@@ -397,4 +418,11 @@ def table(report: dict[str, Any]) -> str:
                 )
             )
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    profile = report.get("train", {}).get("profile")
+    if profile:
+        from parallel.hlo_profile import profile_table
+
+        text += "\n\ntrain step op profile (compiler cycles per op; collectives: ring model)\n"
+        text += profile_table(profile)
+    return text
