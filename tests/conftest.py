@@ -26,7 +26,13 @@ import pytest  # noqa: E402
 
 from mlperf.checkpoint import configure_checkpointing  # noqa: E402
 
-configure_checkpointing()  # as launch.train does at program start
+
+def pytest_configure(config) -> None:
+    """Process-wide settings as launch.train makes them at program start. A hook, not an
+    import-time call: worker scripts import this module before jax.distributed starts,
+    and configure_checkpointing asks jax for the process count."""
+    configure_checkpointing()
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA_DIR = os.environ.get("MULTIPOD_DATA_DIR", os.path.join(REPO, "..", "shared", "data"))
