@@ -46,9 +46,6 @@ def _base() -> ConfigDict:
             max_position=512,
             type_vocab_size=2,
             dropout_rate=0.1,
-            # Dropout masks from "threefry" (JAX's default) or "rbg" (XLA's
-            # RngBitGenerator, the TPU's fast generator; mlperf.layers.linear.dropout).
-            dropout_bits="threefry",
             # Stack the layers on a `stack` axis and lax.scan them: one layer's program
             # whatever the depth (what makes BERT-large compile for a multipod).
             # Changes the parameter tree: checkpoints of one form do not restore into

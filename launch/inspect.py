@@ -43,6 +43,13 @@ def _define_flags() -> dict[str, Any]:
             True,
             "Scanned layers: estimate the step from 1- and 2-layer unrolled compiles.",
         ),
+        "layer_estimate_method": flags.DEFINE_enum(
+            "layer_estimate_method",
+            "unrolled",
+            ["unrolled", "scan"],
+            "Scanned layers: extrapolate from 1- and 2-layer unrolled compiles (unrolled) or "
+            "from the scanned program with 1 and 2 layers per iteration (scan).",
+        ),
         "json": flags.DEFINE_bool("json", False, "Print one JSON object instead of a table."),
         "profile": flags.DEFINE_integer(
             "profile",
@@ -75,7 +82,7 @@ def main(argv: list[str]) -> None:
             config,
             topology=_FLAGS["topology"].value,
             eval_step=_FLAGS["eval"].value,
-            layer_estimate=_FLAGS["layer_estimate"].value,
+            layer_estimate=_FLAGS["layer_estimate"].value and _FLAGS["layer_estimate_method"].value,
             slices=slices,
             profile=_FLAGS["profile"].value,
         )

@@ -39,9 +39,6 @@ class BertConfig:
     max_position: int = 512
     type_vocab_size: int = 2
     dropout_rate: float = 0.1
-    # Generator of the dropout masks (`mlperf.layers.linear.dropout`): "threefry" or
-    # "rbg" (XLA's RngBitGenerator: the TPU's fast generator).
-    dropout_bits: str = "threefry"
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
     # One layer's parameters stacked on a leading `stack` axis and applied with lax.scan:
@@ -75,14 +72,8 @@ class EncoderLayer(nnx.Module):
     def __init__(self, cfg: BertConfig, *, rngs: nnx.Rngs):
         dt = cfg.compute_dtype
         self.rate = cfg.dropout_rate
-        self.bits = cfg.dropout_bits
         self.attention = SelfAttention(
-            cfg.hidden_size,
-            cfg.num_heads,
-            rngs=rngs,
-            dropout_rate=cfg.dropout_rate,
-            dtype=dt,
-            dropout_bits=cfg.dropout_bits,
+            cfg.hidden_size, cfg.num_heads, rngs=rngs, dropout_rate=cfg.dropout_rate, dtype=dt
         )
         self.attention_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
         self.mlp = MlpBlock(
@@ -92,9 +83,9 @@ class EncoderLayer(nnx.Module):
 
     def __call__(self, x, mask, rng):
         r = jax.random.split(rng, 3) if rng is not None else (None, None, None)
-        h = dropout(self.attention(x, mask, r[0]), self.rate, r[1], self.bits)
+        h = dropout(self.attention(x, mask, r[0]), self.rate, r[1])
         x = self.attention_norm(x + h)
-        x = self.mlp_norm(x + dropout(self.mlp(x), self.rate, r[2], self.bits))
+        x = self.mlp_norm(x + dropout(self.mlp(x), self.rate, r[2]))
         return constrain(x, ("batch", "length", "embed"))
 
 
@@ -167,9 +158,7 @@ class BertForPreTraining(nnx.Module):
         x = constrain(self.embedding_norm(x), ("batch", "length", "embed"))
         n = self.cfg.num_layers
         rngs = jax.random.split(rng, n + 1) if rng is not None else None
-        x = dropout(
-            x, self.cfg.dropout_rate, None if rngs is None else rngs[-1], self.cfg.dropout_bits
-        )
+        x = dropout(x, self.cfg.dropout_rate, None if rngs is None else rngs[-1])
         apply = _apply_layer
         if self.cfg.remat:
             apply = jax.checkpoint(_apply_layer, static_argnums=(0,))

@@ -21,14 +21,12 @@ class SelfAttention(nnx.Module):
         rngs: nnx.Rngs,
         dropout_rate: float = 0.0,
         dtype: jnp.dtype = jnp.float32,
-        dropout_bits: str = "threefry",
     ):
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}.")
         head_dim = dim // num_heads
         self.head_dim = head_dim
         self.dropout_rate = dropout_rate
-        self.dropout_bits = dropout_bits
         self.dtype = dtype
 
         def proj():
@@ -52,7 +50,7 @@ class SelfAttention(nnx.Module):
         bias = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
         probs = jax.nn.softmax(scores_BxHxLxL + bias, axis=-1).astype(self.dtype)
         if rng is not None:
-            probs = dropout(probs, self.dropout_rate, rng, self.dropout_bits)
+            probs = dropout(probs, self.dropout_rate, rng)
         ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
         ctx_BxLxHxK = constrain(ctx_BxLxHxK, ("batch", "length", "heads", "kv"))
         return self.out(ctx_BxLxHxK)

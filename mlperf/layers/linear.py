@@ -121,26 +121,9 @@ class LayerNorm(nnx.Module):
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
 
-DROPOUT_BITS = ("threefry", "rbg")
-
-
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None, bits: str = "threefry") -> jax.Array:
-    """Inverted dropout; identity when `rng` is None (eval) or rate is 0.
-
-    `bits` picks the generator of the keep mask: "threefry" (JAX's default, counter-based:
-    the same mask on any mesh) or "rbg" (XLA's RngBitGenerator seeded from `rng`: the
-    TPU's fast generator, where threefry's 20 rounds of integer arithmetic per 32 bits
-    cost more than the matmul the mask feeds; a sharded mask's bits then depend on the
-    sharding, as JAX documents for its rbg keys).
-    """
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout; identity when `rng` is None (eval) or rate is 0."""
     if rng is None or rate == 0.0:
         return x
-    if bits == "rbg":
-        data = jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng
-        # rbg keys are 4 words: the threefry key and the same words xored with a constant.
-        words = jnp.concatenate([data, data ^ jnp.uint32(0x9E3779B9)])
-        rng = jax.random.wrap_key_data(words, impl="rbg")
-    elif bits != "threefry":
-        raise ValueError(f"dropout bits={bits!r} is unknown; use one of {DROPOUT_BITS}.")
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
