@@ -50,6 +50,8 @@ _SKIP = frozenset(
 )
 _COPY = frozenset("copy transpose copy-start".split())
 _THREEFRY = "(threefry)"
+# jax.random's functions as they appear in op names (threefry itself is inlined).
+_RANDOM = re.compile(r'op_name="[^"]*(?:threefry|random_bits|_uniform|_bernoulli)')
 KINDS = ("matmul", "elementwise", "collective", "copy/transpose", "rng", "control")
 
 
@@ -66,7 +68,7 @@ def _called_ops(name: str, comps: dict[str, list[dict]], seen: set[str] | None =
     ops = set()
     for instr in comps.get(name, []):
         ops.add(instr["op"])
-        if "threefry" in instr["text"]:
+        if _RANDOM.search(instr["text"]):
             ops.add(_THREEFRY)  # the random-bits arithmetic of jax.random's default keys
         called = _attr(instr["text"], "calls") or _attr(instr["text"], "to_apply")
         if called and instr["op"] in ("fusion", "call"):
@@ -81,7 +83,7 @@ def _kind(instr: dict, inner: set[str]) -> str:
         return "collective"
     if op in ("dot", "convolution") or inner & {"dot", "convolution"}:
         return "matmul"
-    if op == "rng-bit-generator" or "threefry" in source:
+    if op == "rng-bit-generator" or _RANDOM.search(f'op_name="{source}"'):
         return "rng"
     if op in _COPY or (op == "fusion" and inner and inner <= _COPY | {"parameter", "bitcast"}):
         return "copy/transpose"
@@ -178,6 +180,12 @@ def op_profile(
                 seconds = max(row["flops"] / peak_flops, row["bytes"] / hbm_bandwidth)
                 method = "roofline"
             row["seconds"], row["method"] = seconds, method
+            # The roofline of the op alone, also where the compiler wrote cycles: the
+            # compiler's step estimate (`optimal_seconds`) is close to the sum of these
+            # over the non-collective ops, not to the sum of its per-op cycles.
+            row["roofline_s"] = None
+            if peak_flops and hbm_bandwidth and kind != "collective":
+                row["roofline_s"] = max(row["flops"] / peak_flops, row["bytes"] / hbm_bandwidth)
             rows.append(row)
 
     walk(entry, 1, "")
@@ -186,14 +194,15 @@ def op_profile(
 
 
 def by_kind(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Totals per kind: ops, seconds, flops, bytes."""
+    """Totals per kind: ops, seconds, roofline seconds, flops, bytes."""
     out: dict[str, dict[str, float]] = defaultdict(
-        lambda: {"ops": 0, "seconds": 0.0, "flops": 0.0, "bytes": 0.0}
+        lambda: {"ops": 0, "seconds": 0.0, "roofline_s": 0.0, "flops": 0.0, "bytes": 0.0}
     )
     for r in rows:
         k = out[r["kind"]]
         k["ops"] += r["count"]
         k["seconds"] += r["seconds"] or 0.0
+        k["roofline_s"] += r.get("roofline_s") or 0.0
         k["flops"] += r["flops"]
         k["bytes"] += r["bytes"]
     return {kind: dict(out[kind]) for kind in KINDS if kind in out}
@@ -222,10 +231,11 @@ def summarize(rows: list[dict[str, Any]], top: int = 25) -> dict[str, Any]:
     """What a report keeps of a profile: totals per kind, the sum of the rows, the
     `top` heaviest ops and the `top` heaviest source lines (2 path components)."""
     keep = ("kind", "op", "shape", "count", "seconds", "method", "flops", "bytes", "source")
-    keep += ("random_bits",)
+    keep += ("random_bits", "roofline_s")
     return {
         "by_kind": by_kind(rows),
         "sum_s": sum(r["seconds"] or 0.0 for r in rows),
+        "roofline_sum_s": sum(r.get("roofline_s") or 0.0 for r in rows),
         "ops": len(rows),
         "random_bits": random_bits_share(rows),
         "top": [{k: r[k] for k in keep} for r in rows[:top]],
@@ -236,13 +246,17 @@ def summarize(rows: list[dict[str, Any]], top: int = 25) -> dict[str, Any]:
 def profile_table(summary: dict[str, Any]) -> str:
     """A `summarize` result as aligned text: totals per kind, then the heaviest ops."""
     total = summary["sum_s"] or 1.0
-    lines = [f"{'kind':<16}{'ops':>7}{'ms':>10}{'share':>8}{'GFLOP':>10}{'GB':>9}"]
+    head = f"{'kind':<16}{'ops':>7}{'ms':>10}{'share':>8}{'roofline ms':>13}{'GFLOP':>10}{'GB':>9}"
+    lines = [head]
     for kind, t in summary["by_kind"].items():
         lines.append(
             f"{kind:<16}{t['ops']:>7}{t['seconds'] * 1e3:>10.3f}{t['seconds'] / total:>8.1%}"
-            f"{t['flops'] / 1e9:>10.2f}{t['bytes'] / 1e9:>9.3f}"
+            f"{t['roofline_s'] * 1e3:>13.3f}{t['flops'] / 1e9:>10.2f}{t['bytes'] / 1e9:>9.3f}"
         )
-    lines.append(f"{'sum of ops':<16}{'':>7}{summary['sum_s'] * 1e3:>10.3f}")
+    lines.append(
+        f"{'sum of ops':<16}{'':>7}{summary['sum_s'] * 1e3:>10.3f}{'':>8}"
+        f"{summary['roofline_sum_s'] * 1e3:>13.3f}"
+    )
     rb = summary["random_bits"]
     lines.append(
         f"{'random bits in':<16}{rb['ops']:>7}{rb['seconds'] * 1e3:>10.3f}"
