@@ -46,6 +46,9 @@ def _base() -> ConfigDict:
             max_position=512,
             type_vocab_size=2,
             dropout_rate=0.1,
+            # Attention scores and softmax in "float32" or "bfloat16" (half the bytes of
+            # the [B, H, L, L] tensors; docs/performance.md "TPU step time").
+            attention_softmax_dtype="float32",
             # Stack the layers on a `stack` axis and lax.scan them: one layer's program
             # whatever the depth (what makes BERT-large compile for a multipod).
             # Changes the parameter tree: checkpoints of one form do not restore into

@@ -77,3 +77,23 @@ def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
     task = get_task(config)
     analytic = task.flops_per_example(task.phases()[0]) * 8192 / 4096
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
+
+
+@pytest.mark.slow  # ~1 min: three small TPU compiles of a tiny BERT on v3:2x2
+def test_the_scan_method_reads_one_layer_off_the_scanned_program():
+    """`layer_estimate="scan"` compiles the scanned step again with two layers per loop
+    iteration: the difference is one layer, and the extrapolation stays near the
+    unrolled program's own estimate (what lies outside the loop, the optimizer on the
+    stacked variables, is counted once, as the scanned program runs it)."""
+    reports = {}
+    for method in ("scan", False):
+        config = get_config("tiny")
+        config.model.update(num_layers=6, scan_layers=bool(method))
+        config.mesh.ici_shape = (2, 4)
+        reports[method] = inspect_config(config, topology="v3:2x2", layer_estimate=method)
+    scan, unrolled = reports["scan"]["train"], reports[False]["train"]
+    assert scan["estimate_method"].startswith("scanned program with 1 and 2 layers")
+    one, two = scan["scan_unroll_1_2_step_s"]
+    assert one == scan["compiler_step_s"] and two > one
+    assert scan["estimated_step_s"] == pytest.approx(one + 5 * (two - one))
+    assert scan["estimated_step_s"] == pytest.approx(unrolled["estimated_step_s"], rel=0.15)

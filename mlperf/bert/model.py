@@ -39,6 +39,9 @@ class BertConfig:
     max_position: int = 512
     type_vocab_size: int = 2
     dropout_rate: float = 0.1
+    # dtype of the attention scores and softmax (`SelfAttention`): "float32" or
+    # "bfloat16" (half the bytes of the [B, H, L, L] tensors; not the default: numerics).
+    attention_softmax_dtype: str = "float32"
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
     # One layer's parameters stacked on a leading `stack` axis and applied with lax.scan:
@@ -73,7 +76,12 @@ class EncoderLayer(nnx.Module):
         dt = cfg.compute_dtype
         self.rate = cfg.dropout_rate
         self.attention = SelfAttention(
-            cfg.hidden_size, cfg.num_heads, rngs=rngs, dropout_rate=cfg.dropout_rate, dtype=dt
+            cfg.hidden_size,
+            cfg.num_heads,
+            rngs=rngs,
+            dropout_rate=cfg.dropout_rate,
+            dtype=dt,
+            softmax_dtype=jnp.dtype(cfg.attention_softmax_dtype),
         )
         self.attention_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
         self.mlp = MlpBlock(
