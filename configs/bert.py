@@ -56,6 +56,8 @@ def _base() -> ConfigDict:
             scan_layers=False,
             scan_unroll=1,  # layers per scan iteration
             remat=False,  # recompute layer activations in the backward pass
+            # What remat keeps: "nothing", "dots" or "dots_no_batch" (mlperf/bert/model.py).
+            remat_policy="nothing",
             # GELU's tanh approximation (Google's TF BERT, the MLPerf reference checkpoint)
             # instead of the exact erf GELU (Hugging Face's "gelu").
             gelu_approximate=False,

@@ -77,6 +77,9 @@ def validate(config, num_devices: int) -> dict[str, int]:
     softmax = config.model.get("attention_softmax_dtype", "float32")
     if softmax not in ("float32", "bfloat16"):
         raise ConfigError(f"model.attention_softmax_dtype={softmax!r}: use float32 or bfloat16.")
+    policy = config.model.get("remat_policy", "nothing")
+    if policy not in ("nothing", "dots", "dots_no_batch"):
+        raise ConfigError(f"model.remat_policy={policy!r}: use nothing, dots or dots_no_batch.")
     check_names(config)
     return sizes
 

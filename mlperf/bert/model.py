@@ -23,6 +23,14 @@ from parallel.partition import constrain
 PADDING_LOGIT = -1e9
 
 
+# jax.checkpoint policies by config name (None: save nothing, recompute the layer).
+REMAT_POLICIES = {
+    "nothing": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
     """Model hyperparameters, built from the config's `model` sub-dict."""
@@ -55,6 +63,11 @@ class BertConfig:
     # Recompute each layer's activations in the backward pass (jax.checkpoint): memory
     # for the per-layer activations traded for about one more forward pass.
     remat: bool = False
+    # What the remat keeps from the forward pass (`REMAT_POLICIES`): "nothing" (recompute
+    # the whole layer), "dots" (keep every matmul output, recompute the elementwise ops)
+    # or "dots_no_batch" (keep the projections' and MLP's outputs; recompute attention's
+    # batched [B, H, L, L] products, softmax and dropout masks).
+    remat_policy: str = "nothing"
     # GELU's tanh approximation, as Google's TF BERT (the MLPerf reference checkpoint was
     # trained with it), instead of the exact erf form (Hugging Face's `gelu`).
     gelu_approximate: bool = False
@@ -169,7 +182,8 @@ class BertForPreTraining(nnx.Module):
         x = dropout(x, self.cfg.dropout_rate, None if rngs is None else rngs[-1])
         apply = _apply_layer
         if self.cfg.remat:
-            apply = jax.checkpoint(_apply_layer, static_argnums=(0,))
+            policy = REMAT_POLICIES[self.cfg.remat_policy]
+            apply = jax.checkpoint(_apply_layer, static_argnums=(0,), policy=policy)
         if self.cfg.scan_layers:
             graphdef, stacked = nnx.split(self.layers)
 
