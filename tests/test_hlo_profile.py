@@ -94,7 +94,10 @@ def test_inspect_profiles_a_tpu_compiled_step():
     profile = report["train"]["profile"]
     assert profile["clock_hz"] == 940e6 and len(profile["top"]) == 5
     assert {"matmul", "collective", "elementwise"} <= set(profile["by_kind"])
-    assert profile["top"][0]["method"] == "compiler cycles" and profile["sum_s"] > 0
-    matmul_flops = profile["by_kind"]["matmul"]["flops"]
-    assert matmul_flops == pytest.approx(report["train"]["matmul_flops_per_device"], rel=0.01)
+    assert "compiler cycles" in {r["method"] for r in profile["top"]} and profile["sum_s"] > 0
+    # Every dot and convolution is in a matmul kernel (with the elementwise ops fused to it).
+    kinds, train = profile["by_kind"], report["train"]
+    assert kinds["matmul"]["flops"] >= 0.99 * train["matmul_flops_per_device"]
+    total = sum(k["flops"] for k in kinds.values())
+    assert total == pytest.approx(train["flops_per_device"], rel=0.05)
     assert "train step op profile" in table(report)
