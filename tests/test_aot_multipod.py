@@ -82,9 +82,10 @@ def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
 @pytest.mark.slow  # ~1 min: three small TPU compiles of a tiny BERT on v3:2x2
 def test_the_scan_method_reads_one_layer_off_the_scanned_program():
     """`layer_estimate="scan"` compiles the scanned step again with two layers per loop
-    iteration: the difference is one layer, and the extrapolation stays near the
-    unrolled program's own estimate (what lies outside the loop, the optimizer on the
-    stacked variables, is counted once, as the scanned program runs it)."""
+    iteration: the difference is one layer. It is the scanned program's figure, not the
+    unrolled program's: without remat the scan stores each layer's residuals in stacked
+    buffers that the unrolled program fuses away, so it costs more (measured for this
+    tiny BERT: 1.84 ms against 0.85 ms; docs/performance.md "TPU step time")."""
     reports = {}
     for method in ("scan", False):
         config = get_config("tiny")
@@ -96,4 +97,4 @@ def test_the_scan_method_reads_one_layer_off_the_scanned_program():
     one, two = scan["scan_unroll_1_2_step_s"]
     assert one == scan["compiler_step_s"] and two > one
     assert scan["estimated_step_s"] == pytest.approx(one + 5 * (two - one))
-    assert scan["estimated_step_s"] == pytest.approx(unrolled["estimated_step_s"], rel=0.15)
+    assert scan["estimated_step_s"] > unrolled["estimated_step_s"]
