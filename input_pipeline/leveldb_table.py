@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import google_crc32c
 
+from input_pipeline.protobuf_wire import WireError, read_varint
+
 _MAGIC = 0xDB4775248B80FB57
 _FOOTER_BYTES = 48
 _NO_COMPRESSION, _SNAPPY = 0, 1
@@ -22,22 +24,6 @@ _CRC_MASK_DELTA = 0xA282EAD8
 
 class TableError(ValueError):
     """A table file that is truncated, corrupt or not a table at all."""
-
-
-def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """A little-endian base-128 varint at `pos`: (value, position after it)."""
-    value = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise TableError("varint runs past the end of its buffer")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise TableError("varint longer than 10 bytes")
 
 
 def unmask_crc(masked: int) -> int:
@@ -126,12 +112,15 @@ class Table:
         (magic,) = struct.unpack_from("<Q", footer, 40)
         if magic != _MAGIC:
             raise TableError(f"{path}: no table magic number at the end (not a checkpoint index)")
-        _, pos = _handle(footer, 0)  # the metaindex (filters) is not needed
-        index_handle, _ = _handle(footer, pos)
         self._entries: dict[bytes, bytes] = {}
-        for _, value in _block_entries(self._block(index_handle)):
-            handle, _ = _handle(value, 0)
-            self._entries.update(_block_entries(self._block(handle)))
+        try:
+            _, pos = _handle(footer, 0)  # the metaindex (filters) is not needed
+            index_handle, _ = _handle(footer, pos)
+            for _, value in _block_entries(self._block(index_handle)):
+                handle, _ = _handle(value, 0)
+                self._entries.update(_block_entries(self._block(handle)))
+        except WireError as e:
+            raise TableError(f"{path}: {e} in a block handle or entry") from None
 
     def _block(self, handle: tuple[int, int]) -> bytes:
         offset, size = handle

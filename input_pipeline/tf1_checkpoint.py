@@ -17,7 +17,8 @@ import re
 import google_crc32c
 import numpy as np
 
-from input_pipeline.leveldb_table import Table, TableError, read_varint, unmask_crc
+from input_pipeline.leveldb_table import Table, unmask_crc
+from input_pipeline.protobuf_wire import LEN, VARINT, WireError, fields, fixed_int
 
 # tensorflow/core/framework/types.proto DataType -> numpy (string and resource types are
 # never model weights and are not read).
@@ -44,21 +45,12 @@ class CheckpointError(ValueError):
 
 def _fields(buf: bytes) -> list[tuple[int, int | bytes]]:
     """Protobuf wire format -> [(field number, varint / fixed int / bytes)]."""
-    out, pos = [], 0
-    while pos < len(buf):
-        key, pos = read_varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = read_varint(buf, pos)
-        elif wire == 1:
-            value, pos = int.from_bytes(buf[pos : pos + 8], "little"), pos + 8
-        elif wire == 2:
-            n, pos = read_varint(buf, pos)
-            value, pos = bytes(buf[pos : pos + n]), pos + n
-        elif wire == 5:
-            value, pos = int.from_bytes(buf[pos : pos + 4], "little"), pos + 4
-        else:
-            raise TableError(f"unsupported protobuf wire type {wire}")
+    out = []
+    for number, wire, value in fields(buf):
+        if wire == LEN:
+            value = bytes(value)
+        elif wire != VARINT:
+            value = fixed_int(value)
         out.append((number, value))
     return out
 
@@ -142,11 +134,14 @@ class Tf1Checkpoint:
         if not os.path.exists(index):
             raise CheckpointError(f"{path}: no TensorFlow checkpoint index {index}")
         items = Table(index).items()
-        header = dict(_fields(items.pop(b"", b"")))
+        try:
+            header = dict(_fields(items.pop(b"", b"")))
+            self.entries = {k.decode(): _entry(v) for k, v in items.items()}
+        except WireError as e:
+            raise CheckpointError(f"{index}: {e} in a BundleEntryProto") from None
         self.num_shards = int(header.get(1, 1))
         if header.get(2, 0) != 0:
             raise CheckpointError(f"{index}: big-endian checkpoints are not supported")
-        self.entries = {k.decode(): _entry(v) for k, v in items.items()}
 
     def names(self) -> list[str]:
         return sorted(self.entries)

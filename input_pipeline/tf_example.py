@@ -17,59 +17,36 @@ varints are decoded with numpy, a whole list at once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from input_pipeline.protobuf_wire import (
+    I32,
+    LEN,
+    VARINT,
+    WireError,
+    encode_varint,
+    fields,
+    len_field,
+)
+
 BYTES, FLOAT, INT64 = "bytes_list", "float_list", "int64_list"
 _KINDS = {1: BYTES, 2: FLOAT, 3: INT64}
 _FIELD_OF_KIND = {v: k for k, v in _KINDS.items()}
-# Wire types
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 
 class ExampleError(ValueError):
     """A malformed Example, or a feature missing / of the wrong type or length."""
 
 
-def _varint(buf: bytes, pos: int, where: str) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ExampleError(f"{where}: truncated varint in the Example protobuf")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ExampleError(f"{where}: varint longer than 10 bytes in the Example protobuf")
-
-
-def _fields(buf: bytes, where: str):
+def _fields(buf: bytes, where: str) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of each field; value is an int or a bytes slice."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        key, pos = _varint(buf, pos, where)
-        number, wire = key >> 3, key & 7
-        if wire == _VARINT:
-            value, pos = _varint(buf, pos, where)
-        elif wire == _LEN:
-            n, pos = _varint(buf, pos, where)
-            if pos + n > end:
-                raise ExampleError(f"{where}: truncated field {number} in the Example protobuf")
-            value, pos = buf[pos : pos + n], pos + n
-        elif wire == _I32:
-            value, pos = buf[pos : pos + 4], pos + 4
-        elif wire == _I64:
-            value, pos = buf[pos : pos + 8], pos + 8
-        else:
-            raise ExampleError(f"{where}: unsupported wire type {wire} in the Example protobuf")
-        if pos > end:
-            raise ExampleError(f"{where}: truncated field {number} in the Example protobuf")
-        yield number, wire, value
+    try:
+        yield from fields(buf)
+    except WireError as e:
+        raise ExampleError(f"{where}: {e} in the Example protobuf") from None
 
 
 def decode_packed_varints(payload: bytes, where: str = "") -> np.ndarray:
@@ -95,24 +72,24 @@ def _feature(buf: bytes, where: str) -> tuple[str, Any]:
     """(kind, values) of one Feature message; values is a list of bytes or an ndarray."""
     kind, values = None, None
     for number, wire, value in _fields(buf, where):
-        if number not in _KINDS or wire != _LEN:
+        if number not in _KINDS or wire != LEN:
             continue  # unknown fields are ignored, as protobuf parsers do
         kind = _KINDS[number]
         ints, floats, strings = [], [], []
         for n, w, v in _fields(value, where):
             if n != 1:
                 continue
-            if kind == BYTES and w == _LEN:
+            if kind == BYTES and w == LEN:
                 strings.append(bytes(v))
-            elif kind == INT64 and w == _LEN:
+            elif kind == INT64 and w == LEN:
                 ints.append(decode_packed_varints(v, where))
-            elif kind == INT64 and w == _VARINT:
+            elif kind == INT64 and w == VARINT:
                 ints.append(np.asarray([v], np.uint64).view(np.int64))
-            elif kind == FLOAT and w == _LEN:
+            elif kind == FLOAT and w == LEN:
                 if len(v) % 4:
                     raise ExampleError(f"{where}: packed float list of {len(v)} bytes")
                 floats.append(np.frombuffer(v, "<f4"))
-            elif kind == FLOAT and w == _I32:
+            elif kind == FLOAT and w == I32:
                 floats.append(np.frombuffer(v, "<f4"))
             else:
                 raise ExampleError(f"{where}: wire type {w} in a {kind} of the Example protobuf")
@@ -133,16 +110,16 @@ def parse_example(data: bytes, where: str = "record") -> dict[str, tuple[str, An
     """
     features: dict[str, tuple[str, Any]] = {}
     for number, wire, value in _fields(data, where):
-        if number != 1 or wire != _LEN:
+        if number != 1 or wire != LEN:
             continue
         for n, w, entry in _fields(value, where):
-            if n != 1 or w != _LEN:
+            if n != 1 or w != LEN:
                 continue
             name, feature = "", b""
             for en, ew, ev in _fields(entry, where):
-                if en == 1 and ew == _LEN:
+                if en == 1 and ew == LEN:
                     name = bytes(ev).decode("utf-8")
-                elif en == 2 and ew == _LEN:
+                elif en == 2 and ew == LEN:
                     feature = ev
             features[name] = _feature(feature, where)
     return features
@@ -180,23 +157,6 @@ def parse_features(
 
 
 # ---- encoding (test files, benchmarks) ----------------------------------------------------
-def _encode_varint(value: int) -> bytes:
-    value &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | _LEN) + _encode_varint(len(payload)) + payload
-
-
 def encode_example(features: Mapping[str, Any]) -> bytes:
     """A serialized tf.train.Example: int arrays -> int64_list, float -> float_list,
     bytes / list of bytes -> bytes_list (numbers packed, as TensorFlow writes them)."""
@@ -206,16 +166,16 @@ def encode_example(features: Mapping[str, Any]) -> bytes:
             isinstance(values, list | tuple) and values and isinstance(values[0], bytes)
         ):
             items = [values] if isinstance(values, bytes) else list(values)
-            body = _len_field(_FIELD_OF_KIND[BYTES], b"".join(_len_field(1, v) for v in items))
+            body = len_field(_FIELD_OF_KIND[BYTES], b"".join(len_field(1, v) for v in items))
         else:
             arr = np.asarray(values).reshape(-1)
             if arr.dtype.kind == "f":
                 packed = arr.astype("<f4").tobytes()
                 kind = FLOAT
             else:
-                packed = b"".join(_encode_varint(int(v)) for v in arr)
+                packed = b"".join(encode_varint(int(v)) for v in arr)
                 kind = INT64
-            body = _len_field(_FIELD_OF_KIND[kind], _len_field(1, packed) if arr.size else b"")
-        entry = _len_field(1, name.encode("utf-8")) + _len_field(2, body)
-        entries.append(_len_field(1, entry))
-    return _len_field(1, b"".join(entries))
+            body = len_field(_FIELD_OF_KIND[kind], len_field(1, packed) if arr.size else b"")
+        entry = len_field(1, name.encode("utf-8")) + len_field(2, body)
+        entries.append(len_field(1, entry))
+    return len_field(1, b"".join(entries))

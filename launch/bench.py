@@ -79,7 +79,7 @@ def host_input_rate(trainer, phase, layout, workers: int, batches: int) -> float
 
 def bench_config(config, steps: int, repeats: int, input_workers: list[int]) -> dict:
     """Measures the train step and the input pipeline of the first phase."""
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     trainer = build_trainer(config)
     phase = trainer.phases[0]

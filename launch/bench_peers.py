@@ -92,7 +92,7 @@ def synthetic_bert_batch(size: BertSize, seed: int = 0) -> dict[str, np.ndarray]
 def ours_bert_step(size: BertSize, einsum_gather: bool) -> Callable[[], Any]:
     """Our compiled BERT train step on one device; returns a closure running one step."""
     from configs.bert import get_config
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     c = get_config("tiny")
     c.model.update(
@@ -282,7 +282,7 @@ def synthetic_translation_batch(size: TransformerSize, seed: int = 0) -> dict[st
 def ours_transformer_step(size: TransformerSize) -> Callable[[], Any]:
     """Our compiled Transformer train step on one device (gathers, the CPU choice)."""
     from configs.transformer import get_config
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     c = get_config("tiny")
     c.model.update(

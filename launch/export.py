@@ -30,7 +30,7 @@ def export(workdir: str, output: str = "", step: int = -1, checkpoint_dir: str =
 
     from mlperf.bert.hf_export import export_safetensors
     from mlperf.checkpoint import CheckpointConfig, Checkpointer, checkpoint_metadata
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     directory = os.path.abspath(checkpoint_dir or os.path.join(workdir, "checkpoints"))
     step, meta = checkpoint_metadata(directory, step, workdir)

@@ -25,7 +25,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from mlperf.checkpoint import CheckpointConfig, Checkpointer
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
     from mlperf.transformer.final_bleu import evaluate_sets, record
 
     config, workdir = _CONFIG.value, _WORKDIR.value

@@ -49,7 +49,7 @@ def split_metrics(workdir: str, step: int = -1) -> list[dict[str, Any]]:
 
     from mlperf.checkpoint import CheckpointConfig, Checkpointer
     from mlperf.evaluate import Evaluator
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     config, directory, step = _config_and_step(workdir, step)
     trainer = build_trainer(config)

@@ -152,7 +152,7 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
     the extrapolation from 1 and 2 gives 10.185), and two small compiles are cheap.
     Adds the two estimates and the extrapolation to `train`.
     """
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
     from parallel.aot import cost_analysis
 
     layers = int(config.model.num_layers)
@@ -275,8 +275,8 @@ def inspect_config(
 
     from mlperf.evaluate import eval_program
     from mlperf.steps import batch_abstract
-    from mlperf.train import build_trainer
     from mlperf.train_state import param_count
+    from mlperf.trainer import build_trainer
     from mlperf.validate import ConfigError, mesh_sizes
     from parallel.aot import bytes_per_device, total_bytes
     from parallel.mesh import describe_mapping, mesh_shape

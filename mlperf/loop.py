@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import os
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
@@ -34,15 +32,12 @@ from mlperf.checkpoint.manager import all_hosts_ok
 from mlperf.evaluate import Evaluator
 from mlperf.goodput import Goodput
 from mlperf.loop_state import LoopState
-from mlperf.mllog import MlLog, keys
+from mlperf.mllog import keys
 from mlperf.profiling import ProfileWindow
-from mlperf.reporting import Progress
-from mlperf.summaries import RunSummaries
+from mlperf.run_log import RunLog
 from mlperf.task import Phase, Task
+from mlperf.trainer import Trainer
 from parallel.partition import DataLayout
-
-if TYPE_CHECKING:
-    from mlperf.train import Trainer
 
 
 def eval_schedule(config, phases: tuple[Phase, ...], task: Task) -> tuple[int, int]:
@@ -79,7 +74,7 @@ class TrainLoop:
         self,
         trainer: Trainer,
         evaluator: Evaluator,
-        mll: MlLog,
+        log: RunLog,
         is_main: bool,
         workdir: str,
         checkpointer: Checkpointer | None = None,
@@ -89,26 +84,21 @@ class TrainLoop:
         initial_eval: bool = False,
         goodput: Goodput | None = None,
     ):
-        self.trainer, self.evaluator, self.mll, self.is_main = trainer, evaluator, mll, is_main
+        self.trainer, self.evaluator, self.log, self.is_main = trainer, evaluator, log, is_main
         self.workdir = workdir
-        self.summaries = RunSummaries(workdir, enabled=is_main)
         # Every process traces its own devices (files are named by host).
         self.profile = ProfileWindow(profile_steps, workdir)
         self.checkpointer = checkpointer
-        # One JSON object per logged step and per eval, for plots and run comparisons.
-        self.metrics_path = os.path.join(workdir, "metrics.jsonl")
         self.task = trainer.task
         config = trainer.config
         phases = trainer.phases
         self.total_steps = sum(p.steps for p in phases)
         first_eval, self.eval_every = eval_schedule(config, phases, self.task)
         self.spike_rule = SpikeRule.from_config(config)
-        self.progress = Progress(
-            self.total_steps,
-            self.task.target_metric,
-            enabled=is_main,
-            peak_flops_per_s=peak_flops_per_s,
-        )
+        last_eval = None
+        if resumed is not None and resumed.eval_metrics:
+            last_eval = (resumed.evaluated_at, resumed.eval_metrics[self.task.target_metric])
+        log.begin_training(self.total_steps, self.task.target_metric, peak_flops_per_s, last_eval)
         self.goodput = goodput if goodput is not None else Goodput()
         # The counters a checkpoint holds; it always records this run's own config.
         self.s = resumed if resumed is not None else LoopState(next_eval=first_eval)
@@ -124,37 +114,17 @@ class TrainLoop:
         self.preemption = PreemptionNotice() if checkpointer is not None else None
         # An eval of the starting point (a pretrained checkpoint) before the first step.
         self.initial_eval = initial_eval and resumed is None
-        if resumed is not None:
-            self._resume()
-        elif is_main:
-            open(self.metrics_path, "w").close()
+        if resumed is not None and checkpointer is not None:
+            checkpointer.protected.unstable_since = self.s.unstable_since
         self.start = time.perf_counter()
 
     # ---- checkpoints ---------------------------------------------------------------------
-    def _resume(self) -> None:
-        """Progress and metrics.jsonl as they were at the checkpoint."""
-        if self.s.eval_metrics:
-            self.progress.eval_done(
-                self.s.evaluated_at, self.s.eval_metrics[self.task.target_metric]
-            )
-        if self.checkpointer is not None:
-            self.checkpointer.protected.unstable_since = self.s.unstable_since
-        if self.is_main:
-            # Lines written after the checkpoint are written again by this run.
-            if os.path.exists(self.metrics_path):
-                os.truncate(
-                    self.metrics_path, min(self.s.metrics_bytes, file_size(self.metrics_path))
-                )
-            else:
-                open(self.metrics_path, "w").close()
-
     def _meta(self, phase_index: int, done: int, key) -> dict[str, Any]:
         s = self.s
         s.phase, s.phase_step = phase_index, done
         s.elapsed_s = self.elapsed_before + time.perf_counter() - self.start
-        s.model_flops = self.progress.model_flops_at(s.samples)
-        s.mllog_bytes = file_size(self.mll.path) if self.is_main else 0
-        s.metrics_bytes = file_size(self.metrics_path) if self.is_main else 0
+        s.model_flops = self.log.progress.model_flops_at(s.samples)
+        s.mllog_bytes, s.metrics_bytes = self.log.sizes()
         s.rng_key = np.asarray(jax.random.key_data(key).addressable_data(0)).tolist()
         return s.to_meta()
 
@@ -259,23 +229,23 @@ class TrainLoop:
     # ---- MLPerf blocks and evals ---------------------------------------------------------
     def _open_block(self) -> None:
         meta = {keys.FIRST_EPOCH_NUM: self.s.samples, keys.EPOCH_COUNT: self.eval_every}
-        self.mll.start(keys.BLOCK_START, metadata=meta)
-        self.mll.start(keys.EPOCH_START, metadata={keys.EPOCH_NUM: self.s.samples})
+        self.log.start(keys.BLOCK_START, metadata=meta)
+        self.log.start(keys.EPOCH_START, metadata={keys.EPOCH_NUM: self.s.samples})
         self.s.block_start = self.s.samples
         self.s.block_open = True
 
     def _close_block(self) -> None:
-        self.mll.end(keys.EPOCH_STOP, metadata={keys.EPOCH_NUM: self.s.samples})
-        self.mll.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self.s.block_start})
+        self.log.end(keys.EPOCH_STOP, metadata={keys.EPOCH_NUM: self.s.samples})
+        self.log.end(keys.BLOCK_STOP, metadata={keys.FIRST_EPOCH_NUM: self.s.block_start})
         self.s.block_open = False
 
     def _evaluate(self, params) -> None:
         """Starts an eval of `params`; its metrics are taken now, or (async tasks) at the
         next eval boundary or the end of training, the same step on every host."""
         samples = self.s.samples
-        self.mll.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
+        self.log.start(keys.EVAL_START, metadata={keys.EPOCH_NUM: samples})
         metrics_fn = self.evaluator.start(params)
-        self.mll.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
+        self.log.end(keys.EVAL_STOP, metadata={keys.EPOCH_NUM: samples})
         self._pending_eval = (samples, self.s.step, metrics_fn)
         if not self.task.async_finalize:
             self._take_eval()
@@ -288,17 +258,7 @@ class TrainLoop:
         self._pending_eval = None
         self.s.eval_metrics = metrics_fn()
         self.s.evaluated_at = samples
-        value = self.s.eval_metrics[self.task.target_metric]
-        self.mll.event(keys.EVAL_ACCURACY, value, metadata={keys.EPOCH_NUM: samples})
-        self.progress.eval_done(samples, value)
-        self.summaries.eval(step, self.s.eval_metrics)
-        self._record({"kind": "eval", "eval_samples": samples, **self.s.eval_metrics})
-        if self.is_main:
-            shown = ", ".join(
-                f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                for k, v in self.s.eval_metrics.items()
-            )
-            print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
+        self.log.eval(step, samples, self.s.eval_metrics)
         if not self.s.reached and self.task.target_reached(self.s.eval_metrics):
             self.s.reached = True
             self.s.to_target = {
@@ -315,18 +275,7 @@ class TrainLoop:
             return False
         self.s.last_metrics = last
         self._watch(last["loss"])
-        self.progress.log(self.s.step, self.s.samples, self.s.last_metrics)
-        self.summaries.train(
-            self.s.step, self.s.last_metrics, self.progress.samples_per_s, self.progress.mfu
-        )
-        self._record(
-            {
-                "kind": "train",
-                **self.s.last_metrics,
-                "samples_per_s": self.progress.samples_per_s,
-                "mfu": self.progress.mfu,
-            }
-        )
+        self.log.train(self.s.step, self.s.samples, self.s.last_metrics)
         self._account()
         return True
 
@@ -345,12 +294,6 @@ class TrainLoop:
             with contextlib.suppress(OSError):
                 g.write(self.workdir)
 
-    def _record(self, entry: dict[str, Any]) -> None:
-        if self.is_main:
-            line = {"step": self.s.step, "samples": self.s.samples, **entry}
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(line) + "\n")
-
     # ---- the loop ------------------------------------------------------------------------
     def run(self, state, key, phase_runs: list[PhaseRun]):
         """Trains through every phase (from where a checkpoint left off) until the target
@@ -359,13 +302,13 @@ class TrainLoop:
             return self._run(state, key, phase_runs)
         finally:
             self.profile.close()
-            self.summaries.close()
+            self.log.end_training()
             if self.preemption is not None:
                 self.preemption.close()
 
     def _run(self, state, key, phase_runs: list[PhaseRun]):
         # Rates, ETA and the ledger count from here: the steps this process runs.
-        self.progress.begin(self.s.step, self.s.samples, self.s.model_flops)
+        self.log.progress.begin(self.s.step, self.s.samples, self.s.model_flops)
         self._mark, self._booked = time.perf_counter(), self.goodput.eval_s
         self._booked += self.goodput.checkpoint_save_s
         self.goodput.last_step = self.s.step
@@ -388,7 +331,7 @@ class TrainLoop:
             self._open_block()
         for phase_index, pr in enumerate(phase_runs):
             # Analytic FLOPs of this phase's examples, for MFU (BERT phase 2 is longer).
-            self.progress.flops_per_example = self.task.flops_per_example(pr.phase)
+            self.log.progress.flops_per_example = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
                 batch = partitioner.host_to_global(pr.pending, pr.layout)
                 self.profile.before_step(self.s.step)
@@ -444,7 +387,3 @@ class TrainLoop:
         if not self.s.last_metrics and metrics is not None:
             self._log(metrics)
         return state
-
-
-def file_size(path: str) -> int:
-    return os.path.getsize(path) if os.path.exists(path) else 0

@@ -20,7 +20,11 @@ RULESET = "0.7.0"
 class MlLog:
     """A per-run MLPerf logger writing to one file (no stdout, no global handlers)."""
 
-    def __init__(self, path: str, enabled: bool = True, append: bool = False):
+    def __init__(
+        self, path: str, enabled: bool = True, append: bool = False, stack_offset: int = 2
+    ):
+        """`stack_offset`: how many frames above the mllog call the caller whose file and
+        line each event records is (2: the caller of `event`; more through wrappers)."""
         self.path = path
         self.enabled = enabled
         self._logger = logging.getLogger(f"multipod.mllog.{os.path.abspath(path)}")
@@ -32,7 +36,7 @@ class MlLog:
             # A resumed run appends to the log its checkpoint cut back (one log per run).
             self._handler = logging.FileHandler(path, mode="a" if append else "w")
             self._logger.addHandler(self._handler)
-        self._mllogger = mllog_impl.MLLogger(logger=self._logger, default_stack_offset=2)
+        self._mllogger = mllog_impl.MLLogger(logger=self._logger, default_stack_offset=stack_offset)
 
     def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self.enabled:

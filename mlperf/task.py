@@ -23,6 +23,7 @@ import optax
 from flax import nnx
 
 from mlperf.optimizer import PhaseSchedule, joined_schedule
+from mlperf.pretrained import Pretrained
 
 Batch = dict[str, Any]
 ExampleSpec = dict[str, tuple[tuple[int, ...], str]]  # name -> (per-example shape, dtype)
@@ -269,16 +270,11 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         )
 
     # ---- initialisation --------------------------------------------------------------------
-    def pretrained(self, param_shapes: Any) -> Any:
-        """A whole-model checkpoint to start from (`init.checkpoint`), checked against
-        `param_shapes` without reading its tensors; its `read()` gives the params tree as
-        host arrays (mlperf/bert/checkpoint_import.py). None: the random init."""
+    def pretrained(self, param_shapes: Any) -> Pretrained | None:
+        """What the run starts from instead of the random init (mlperf/pretrained.py),
+        checked against `param_shapes` (the abstract params tree) before anything is
+        compiled: a whole-model checkpoint (BERT's `init.checkpoint`), evaluated before the
+        first step, or some modules (the detectors' ImageNet backbone). None: the random
+        init. Not asked when a run resumes from its own checkpoint."""
         del param_shapes
-        return None
-
-    def pretrained_params(self) -> dict[str, Any] | None:
-        """Weights to start from instead of the random init: {top-level module name: params
-        subtree as numpy}, e.g. {"backbone": ...} from a torchvision ImageNet ResNet;
-        checked against the model's shapes and placed into the sharded state
-        (mlperf/train_state.py). None: the random init."""
         return None

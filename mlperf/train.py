@@ -9,16 +9,13 @@ write the MLPerf log, result.json and a closing summary.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 from mlperf import compilation_cache
 from mlperf.checkpoint import (
@@ -31,7 +28,6 @@ from mlperf.checkpoint import (
     committed_steps,
     free_space_needed,
     plain_config,
-    reopen_mllog,
     resume_position,
 )
 from mlperf.checkpoint.config_change import unknown_allowed_keys
@@ -41,137 +37,19 @@ from mlperf.evaluate import Evaluator
 from mlperf.goodput import Goodput
 from mlperf.loop import PhaseRun, TrainLoop
 from mlperf.loop_state import LoopState
-from mlperf.mllog import MlLog, keys
-from mlperf.optimizer import build_optimizer
+from mlperf.mllog import keys
 from mlperf.peak_flops import peak_for_devices
 from mlperf.preflight import check_hosts, data_fingerprint
 from mlperf.profiling import parse_steps
 from mlperf.reporting import RunResult, params_fingerprint, summary_paragraph, write_result
-from mlperf.steps import batch_abstract, make_train_step
-from mlperf.task import Phase, Task
-from mlperf.tasks import get_task
+from mlperf.run_log import RunLog
 from mlperf.train_state import (
-    StateLayout,
-    abstract_model,
-    build_state_layout,
-    init_train_state,
-    load_params,
     param_count,
-    pretrained_params,
-    stacked_leaves,
     stored_state_codec,
 )
-from mlperf.validate import check_cache_dir, check_workdir, validate
-from parallel.data_parallel import GradReduction
-from parallel.mesh import build_mesh, mesh_shape
-from parallel.partition import Partitioner
-from parallel.rules import rules_from_config
-
-
-@dataclasses.dataclass
-class Trainer:
-    """Everything built during init: the loop and tools (inspect, bench) use it."""
-
-    config: Any
-    task: Task
-    partitioner: Partitioner
-    phases: tuple[Phase, ...]
-    tx: optax.GradientTransformation
-    schedule: optax.Schedule
-    layout: StateLayout
-    _pretrained: Any = dataclasses.field(default=None, init=False, repr=False)
-
-    def pretrained(self):
-        """The task's pretrained checkpoint (`init.checkpoint`), checked against the model
-        (names, shapes) without reading its tensors; None when training from scratch."""
-        if self._pretrained is None:
-            params = self.layout.abstract_train_state["params"]
-            self._pretrained = self.task.pretrained(params) or False
-        return self._pretrained or None
-
-    data_prep_s: float = 0.0  # time build_trainer spent preparing the data
-
-    def jitted_train_step(self):
-        """The train step, jitted with state/batch shardings and state donation."""
-        p = self.config.parallel
-        reduction = GradReduction(
-            algorithm=p.get("grad_allreduce", "xla"),
-            bucket_bytes=p.get("grad_bucket_bytes", 4 << 20),
-            num_chunks=p.get("grad_allreduce_chunks", 0) or None,
-            dtype=p.get("grad_reduce_dtype", "float32"),
-            loss_scale=p.get("grad_loss_scale", 1024.0),
-        )
-        step = make_train_step(
-            self.task,
-            self.layout,
-            self.partitioner,
-            self.tx,
-            self.schedule,
-            self.config.train.microbatches,
-            reduction,
-        )
-        return self.partitioner.jit(
-            step,
-            in_shardings=(self.layout.state_shardings, None, self.partitioner.replicated()),
-            out_shardings=(self.layout.state_shardings, self.partitioner.replicated()),
-            donate_argnums=(0,),
-        )
-
-    def lower_train_step(self, phase: Phase):
-        """Lowers the train step for one phase's global batch shapes (nothing allocated)."""
-        abstract = batch_abstract(
-            self.partitioner, self.task.example_spec(phase), phase.global_batch_size
-        )
-        key = jax.ShapeDtypeStruct(
-            (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
-        )
-        return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
-
-    def init_state(self):
-        """The sharded initial state: random, then the pretrained parameters if any (a
-        BERT checkpoint, an ImageNet backbone), each checked against the model's shapes
-        before the random init and written straight into its sharding."""
-        backbone = pretrained_params(self.task, self.layout)
-        pretrained = self.pretrained()
-        state = init_train_state(
-            self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
-        )
-        for host_params in (backbone, pretrained.read() if pretrained is not None else None):
-            if host_params is not None:
-                state = load_params(state, host_params, self.tx, self.layout, self.partitioner)
-        return state
-
-
-def build_partitioner(config, devices=None) -> Partitioner:
-    """Mesh and partitioner from config.mesh / config.parallel."""
-    mesh = build_mesh(config.mesh.axes, config.mesh.ici_shape, config.mesh.dcn_shape, devices)
-    return Partitioner(
-        mesh,
-        rules=rules_from_config(config.parallel.get("rules", None)),
-        weight_update_sharding=config.parallel.weight_update_sharding,
-        fsdp=config.parallel.fsdp,
-    )
-
-
-def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
-    """Validates the config, builds mesh, data (cached) and the sharded state layout."""
-    devices = list(jax.devices() if devices is None else devices)
-    validate(config, len(devices))
-    if prepare_data:
-        check_cache_dir(config)
-    partitioner = build_partitioner(config, devices)
-    task = get_task(config)
-    phases = task.phases()
-    prepare_start = time.perf_counter()
-    if prepare_data:
-        layout0 = partitioner.data_layout(phases[0].global_batch_size)
-        task = task.with_data(task.prepare(layout0.shard_index, layout0.shard_count))
-    data_prep_s = time.perf_counter() - prepare_start
-    schedule = task.schedule()
-    model = abstract_model(task.build_model, config.seed)
-    tx = build_optimizer(config.optimizer, schedule, stacked_leaves(model))
-    layout = build_state_layout(model, tx, partitioner)
-    return Trainer(config, task, partitioner, phases, tx, schedule, layout, data_prep_s)
+from mlperf.trainer import build_trainer
+from mlperf.validate import check_workdir
+from parallel.mesh import mesh_shape
 
 
 def _platform_name() -> str:
@@ -201,11 +79,11 @@ def run(
         print(moved, flush=True)
     goodput = (Goodput.read(workdir) if resuming else None) or Goodput()
     booked_before = _init_buckets(goodput)  # earlier attempts' share
-    mllog_path = os.path.join(workdir, "mllog.txt")
-    # A resumed run continues the log written so far (reopened once restored).
-    mll = MlLog(mllog_path, enabled=is_main and not resuming)
-    mll.event(keys.CACHE_CLEAR, True)
-    mll.start(keys.INIT_START)
+    # The MLPerf log, metrics.jsonl, TensorBoard and the progress line; a resumed run
+    # continues the logs written so far (cut back to the checkpoint once restored).
+    log = RunLog(workdir, is_main, resuming)
+    log.event(keys.CACHE_CLEAR, True)
+    log.start(keys.INIT_START)
 
     trainer = build_trainer(config)
     goodput.add("data_prep_s", trainer.data_prep_s)
@@ -213,10 +91,10 @@ def run(
     check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
     # A pretrained checkpoint that does not fit the model fails here, before compiling.
     pretrained = None if resuming else trainer.pretrained()
-    mll.submission_info(task.benchmark, _platform_name())
-    mll.event(keys.SEED, config.seed)
-    mll.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
-    mll.hyperparameters(task.mllog_hparams(), task.mllog_metadata())
+    log.submission_info(task.benchmark, _platform_name())
+    log.event(keys.SEED, config.seed)
+    log.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
+    log.hyperparameters(task.mllog_hparams(), task.mllog_metadata())
 
     checkpointer = Checkpointer(ckpt_cfg, task.target_metric) if ckpt_cfg.enabled else None
     if checkpointer is not None:  # flat update views are stored in parameter shapes
@@ -274,32 +152,32 @@ def run(
     evaluator = Evaluator(
         task, trainer.layout, partitioner, eval_batches, config.train.eval_batch_size
     )
-    mll.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
-    mll.event(keys.EVAL_SAMPLES, task.num_eval_examples())
+    log.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
+    log.event(keys.EVAL_SAMPLES, task.num_eval_examples())
     peak = peak_for_devices()  # measured once on CPU: part of init, not of the run
-    mll.end(keys.INIT_STOP)
+    log.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
     # What init spent outside the buckets already booked for this attempt.
     goodput.add("init_s", max(init_time - (_init_buckets(goodput) - booked_before), 0.0))
 
     if restored is None:
-        mll.start(keys.RUN_START)
+        log.start(keys.RUN_START)
     else:
-        mll = reopen_mllog(mllog_path, resumed_state.mllog_bytes, is_main)
+        log.resume(resumed_state.mllog_bytes, resumed_state.metrics_bytes)
         for change in changes:
             if not change.neutral:  # forced with --allow_config_change
-                mll.event(MLLOG_CONFIG_CHANGE, change.as_dict(), {"step": restored.step})
+                log.event(MLLOG_CONFIG_CHANGE, change.as_dict(), {"step": restored.step})
     loop = TrainLoop(
         trainer,
         evaluator,
-        mll,
+        log,
         is_main,
         workdir,
         checkpointer,
         resumed_state,
         peak_flops_per_s=peak.flops_per_s,
         profile_steps=profile_steps,
-        initial_eval=pretrained is not None,
+        initial_eval=pretrained is not None and pretrained.whole_model,
         goodput=goodput,
     )
     if restored is not None:
@@ -321,8 +199,8 @@ def run(
     if checkpointer is not None and checkpointer.failed and status == "preempted":
         status = keys.ABORTED  # the preemption checkpoint was not written
     if status != "preempted":  # a preempted run's log is continued by its restart
-        mll.end(keys.RUN_STOP, metadata={keys.STATUS: status})
-    mll.close()
+        log.end(keys.RUN_STOP, metadata={keys.STATUS: status})
+    log.close()
     if is_main:
         with contextlib.suppress(OSError):
             goodput.write(workdir)
@@ -346,9 +224,9 @@ def run(
         processes=jax.process_count(),
         params=param_count(trainer.layout),
         params_fingerprint=params_fingerprint(state["params"]),
-        mllog=mllog_path,
+        mllog=log.mllog_path,
         **s.to_target,
-        **loop.progress.result_fields(run_time, s.samples),
+        **log.progress.result_fields(run_time, s.samples),
         peak_flops_source=peak.source,
         resumed_from_step=restored.step if restored is not None else None,
         last_checkpoint=loop.last_saved,

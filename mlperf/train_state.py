@@ -20,7 +20,6 @@ import optax
 from flax import nnx
 
 from mlperf.layers.linear import FrozenParam
-from mlperf.task import Task
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.rules import STACK_AXIS
 from parallel.weight_update import count_flat, layout_specs, to_views, view_shapes
@@ -173,46 +172,6 @@ def init_train_state(
         }
 
     return partitioner.jit(init, out_shardings=layout.state_shardings)()
-
-
-def _check_pretrained(loaded: PyTree, shapes: PyTree, path: str, problems: list[str]) -> None:
-    """Collects every difference between a pretrained subtree and the model's."""
-    if isinstance(loaded, dict):
-        if not isinstance(shapes, dict):
-            problems.append(f"{path}: the model has a single array here")
-            return
-        for k in sorted(set(loaded) - set(shapes), key=str):
-            problems.append(f"{path}/{k}: not in the model")
-        for k in sorted(set(shapes) - set(loaded), key=str):
-            problems.append(f"{path}/{k}: missing from the checkpoint")
-        for k in sorted(set(loaded) & set(shapes), key=str):
-            _check_pretrained(loaded[k], shapes[k], f"{path}/{k}", problems)
-    elif isinstance(shapes, dict):
-        problems.append(f"{path}: the model has a module here, the checkpoint one array")
-    elif tuple(loaded.shape) != tuple(shapes.shape):
-        problems.append(f"{path}: checkpoint {tuple(loaded.shape)}, model {tuple(shapes.shape)}")
-
-
-def pretrained_params(task: Task, layout: StateLayout) -> PyTree | None:
-    """The task's pretrained weights (`task.pretrained_params()`: {top-level module:
-    params subtree} as numpy, e.g. an ImageNet backbone), checked against the model's
-    shapes before anything is built; None when the task has none to load."""
-    loaded = task.pretrained_params()
-    if not loaded:
-        return None
-    shapes = layout.abstract_train_state["params"]
-    problems: list[str] = []
-    for name, subtree in loaded.items():
-        if name not in shapes:
-            problems.append(f"{name}: not a module of the model")
-        else:
-            _check_pretrained(subtree, shapes[name], name, problems)
-    if problems:
-        shown = "; ".join(problems[:4])
-        raise ValueError(
-            f"the pretrained weights do not fit the model ({len(problems)} differences): {shown}."
-        )
-    return loaded
 
 
 class StoredStateCodec:

@@ -173,7 +173,7 @@ class StepsRun:
 def train_steps(config, batches, devices=None) -> StepsRun:
     """Builds the config's trainer (no data preparation), compiles its first phase's train
     step and runs it on the given host batches (one process: host batch = global batch)."""
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     trainer = build_trainer(config, devices=devices, prepare_data=False)
     phase = trainer.phases[0]

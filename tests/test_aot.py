@@ -6,7 +6,7 @@ import pytest
 
 from configs.bert import get_config
 from mlperf.inspection import inspect_config
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 from parallel.topology import TopologyError, get_topology, topology_for_chips
 
 pytestmark = pytest.mark.xdist_group("aot")

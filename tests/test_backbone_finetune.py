@@ -11,7 +11,7 @@ import pytest
 
 from configs.maskrcnn import get_config
 from mlperf.checkpoint.torch_file import TorchFileError
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 
 R50 = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision", "resnet50_w4.pth")
 

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from mlperf.bert.hf_export import to_hf_state_dict
 from mlperf.bert.model import BertConfig, BertForPreTraining
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 
 LAYERS = 3
 CFG = BertConfig(

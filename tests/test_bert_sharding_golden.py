@@ -10,7 +10,7 @@ import jax
 from conftest import small_bert_config
 from jax.sharding import PartitionSpec
 
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 
 DM = ("data", "model")
 GOLDEN = {

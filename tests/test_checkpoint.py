@@ -29,41 +29,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from conftest import REPO, compliance_check, cpu_env, on_processes, tiny_train_command
+from tiny_bert_runs import EVERY, OVERRIDES, STEPS, tiny_config
 
-from configs.bert import get_config
 from mlperf.checkpoint import CheckpointMismatchError, committed_steps
 from mlperf.train import run
 from mlperf.validate import ConfigError, check_workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint")]
-
-STEPS = 12
-EVERY = 2
-SETTINGS = {
-    "train.steps": STEPS,
-    "train.log_every_steps": 1,
-    "train.eval_every_samples": 64 * 4,
-    "train.target": 2.0,  # unreachable: every run trains all its steps
-    "train.stop_at_target": False,
-    "model.num_layers": 1,
-    "model.hidden_size": 32,
-    "model.num_heads": 4,
-    "model.mlp_dim": 64,
-    "checkpoint.every_steps": EVERY,
-    "checkpoint.keep": 100,
-}
-OVERRIDES = [f"--config.{k}={v}" for k, v in SETTINGS.items()]
-
-
-def _config(**extra):
-    c = get_config("tiny")
-    for key, value in {**SETTINGS, **extra}.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
 
 
 def _train_losses(workdir) -> dict[int, float]:
@@ -177,7 +149,7 @@ def test_sigterm_saves_then_sigkill_at_a_random_step_resumes_exactly(reference, 
 
 def test_resume_onto_another_mesh(reference, tmp_path):
     workdir = _copy_until(reference, tmp_path / "mesh", 6)
-    result = run(_config(**{"mesh.ici_shape": (4, 2)}), str(workdir))
+    result = run(tiny_config(**{"mesh.ici_shape": (4, 2)}), str(workdir))
     assert result["resumed_from_step"] == 6 and result["mesh"] == {"data": 4, "model": 2}
     got, want = _train_losses(workdir), _train_losses(reference)
     assert sorted(got) == sorted(want)
@@ -270,7 +242,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(reference, tmp_p
     )
     os.truncate(biggest, os.path.getsize(biggest) // 2)  # a file cut short
     os.remove(previous / "data" / "process_0-of-1.json")  # a missing file
-    result = run(_config(), str(workdir))
+    result = run(tiny_config(), str(workdir))
     out = capsys.readouterr().out
     for bad in (latest, previous):
         assert f"checkpoint {bad} is incomplete or corrupted" in out
@@ -284,7 +256,7 @@ def test_corrupted_latest_checkpoint_falls_back_to_the_previous(reference, tmp_p
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp_path, capsys):
     workdir = _copy_until(reference, tmp_path / "nan", 4)
     # A NaN learning rate from step 5 on: the first update makes every parameter NaN.
-    config = _config(**{"optimizer.learning_rate": float("nan")})
+    config = tiny_config(**{"optimizer.learning_rate": float("nan")})
     # A trajectory-altering change: a resume refuses it unless it is named.
     result = run(config, str(workdir), allow_config_change=["optimizer.learning_rate"])
     out = capsys.readouterr().out
@@ -299,7 +271,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(reference, tmp_path, 
 def test_checkpoint_of_another_model_is_a_clear_error(reference, tmp_path):
     workdir = _copy_until(reference, tmp_path / "other", STEPS)
     with pytest.raises(CheckpointMismatchError) as e:
-        run(_config(**{"model.mlp_dim": 128}), str(workdir))
+        run(tiny_config(**{"model.mlp_dim": 128}), str(workdir))
     message = str(e.value)
     assert "['params']['layers'][0]['mlp']['wi']['kernel']" in message
     assert "checkpoint [[32, 64], 'float32'] vs this model [[32, 128], 'float32']" in message
@@ -310,7 +282,7 @@ def test_checkpoint_of_the_unrolled_form_into_a_scanned_stack_is_a_clear_error(r
     with a leading stack dimension): restoring across the two forms names the paths."""
     workdir = _copy_until(reference, tmp_path / "scan", STEPS)
     with pytest.raises(CheckpointMismatchError) as e:
-        run(_config(**{"model.scan_layers": True}), str(workdir))
+        run(tiny_config(**{"model.scan_layers": True}), str(workdir))
     message = str(e.value)
     assert "['params']['layers']['attention']" in message and "not in the checkpoint" in message
 
@@ -319,7 +291,7 @@ def test_unwritable_or_full_workdir_fails_before_anything_is_built(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     with pytest.raises(ConfigError, match="is not writable"):
-        run(_config(), str(blocker / "work"))
+        run(tiny_config(), str(blocker / "work"))
     with pytest.raises(ConfigError, match="MiB free"):
         check_workdir(str(tmp_path / "w"), min_free_mb=1 << 40)
 
@@ -334,7 +306,7 @@ def _two_phase_config(tmp_path):
             for _ in range(int(rng.integers(3, 8))):
                 f.write(" ".join(rng.choice(words, int(rng.integers(5, 14)))) + " .\n")
             f.write("\n")
-    c = _config(**{"train.steps": 6, "checkpoint.every_steps": 4})
+    c = tiny_config(**{"train.steps": 6, "checkpoint.every_steps": 4})
     c.data.update(
         corpus="files",
         train_files=(str(corpus),),

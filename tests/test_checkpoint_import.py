@@ -16,7 +16,7 @@ from conftest import REPO, small_bert_config, train_steps
 from input_pipeline.leveldb_table import TableError, snappy_decompress
 from input_pipeline.tf1_checkpoint import CheckpointError, Tf1Checkpoint
 from mlperf.bert.model import PADDING_LOGIT
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 
 pytestmark = pytest.mark.xdist_group("checkpoint_import")
 

@@ -9,7 +9,7 @@ from conftest import small_bert_config, synthetic_bert_batch
 from input_pipeline.grain_pipeline import padded_eval_batches
 from input_pipeline.pretraining_examples import feature_spec
 from mlperf.evaluate import Evaluator
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 
 NUM_EXAMPLES = 40  # not a multiple of the global eval batch (16): 8 padding rows
 EVAL_BATCH = 16

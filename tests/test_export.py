@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO, cpu_env, small_bert_config, synthetic_bert_batch
 
 from mlperf.checkpoint import CheckpointConfig, Checkpointer
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 
 pytestmark = pytest.mark.xdist_group("export")
 

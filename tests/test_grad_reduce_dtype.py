@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import small_bert_config, synthetic_bert_batch, train_steps
 
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 from parallel.data_parallel import GradReduction
 
 # Two batches in turn: the loss of each falls as it is seen again.

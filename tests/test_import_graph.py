@@ -4,7 +4,9 @@ and every import points down the layers configs -> parallel -> input_pipeline ->
 
 The graph is read from the source (ast), so it needs nothing imported: every `import x`
 and `from x import y` anywhere in a module (inside functions too: a deferred import is
-still a dependency), except those under `if TYPE_CHECKING:`, which never run.
+still a dependency), those under `if TYPE_CHECKING:` too: a circle of type-only imports
+still ties the modules together (neither reads without the other) and becomes a real
+one the day the type is used at run time.
 
     python tests/test_import_graph.py   # prints the circles and upward imports, if any
 """
@@ -34,25 +36,13 @@ def project_modules(repo: str = REPO) -> dict[str, str]:
     return modules
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """ids of the import nodes inside `if TYPE_CHECKING:` blocks."""
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
-    return skipped
-
-
 def imports_of(module: str, path: str, modules: dict[str, str]) -> set[str]:
     """The project modules that `module` imports."""
     with open(path) as f:
         tree = ast.parse(f.read(), path)
-    skipped = _type_checking_only(tree)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     out = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -125,10 +115,22 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_graph_sees_ordinary_and_deferred_imports():
     graph = import_graph()
-    assert "mlperf.task" in graph["mlperf.train"]  # from mlperf.task import Phase, Task
-    assert "parallel.mesh" in graph["mlperf.train"]
+    assert "mlperf.task" in graph["mlperf.trainer"]  # from mlperf.task import Phase, Task
+    assert "parallel.mesh" in graph["mlperf.trainer"]
     assert "mlperf.loop" in graph["mlperf.train"]
-    assert "mlperf.train" not in graph["mlperf.loop"]  # under TYPE_CHECKING only
+    assert "mlperf.train" in graph["launch.train"]  # inside a function
+    assert "mlperf.trainer" in graph["mlperf.loop"]
+
+
+def test_type_checking_imports_count(tmp_path):
+    (tmp_path / "a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from b import Thing\n"
+    )
+    (tmp_path / "b.py").write_text("import a\n")
+    modules = {"a": str(tmp_path / "a.py"), "b": str(tmp_path / "b.py")}
+    graph = {m: imports_of(m, path, modules) for m, path in modules.items()}
+    assert graph == {"a": {"b"}, "b": {"a"}}
+    assert circles(graph) == [["a", "b"]]
 
 
 def test_no_import_circles():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs.maskrcnn import get_config
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 from parallel.aot import hlo_op_stats
 
 pytestmark = pytest.mark.xdist_group("maskrcnn_model")

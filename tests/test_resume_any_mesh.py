@@ -10,8 +10,8 @@ import pytest
 from conftest import small_bert_config, synthetic_bert_batch
 
 from mlperf.checkpoint import CheckpointConfig, Checkpointer
-from mlperf.train import build_trainer
 from mlperf.train_state import stored_state_codec
+from mlperf.trainer import build_trainer
 from parallel.weight_update import count_flat
 
 pytestmark = pytest.mark.xdist_group("weight_update")

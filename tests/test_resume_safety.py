@@ -85,8 +85,8 @@ def test_a_new_key_alters_the_trajectory_by_default():
 def _checkpoint_of(config, workdir) -> Checkpointer:
     """A real checkpoint (step 10) of `config`'s initial state in workdir/checkpoints,
     with the metadata a run writes."""
-    from mlperf.train import build_trainer
     from mlperf.train_state import stored_state_codec
+    from mlperf.trainer import build_trainer
 
     trainer = build_trainer(config)
     state = trainer.init_state()
@@ -99,13 +99,13 @@ def _checkpoint_of(config, workdir) -> Checkpointer:
 
 
 def test_resume_with_a_changed_schedule_stops_before_compiling(tmp_path, monkeypatch):
-    from mlperf import train
+    from mlperf import train, trainer
 
     # The prepared vocabulary (114 words) does not split over a model axis of 4.
     config = small_bert_config(**{"mesh.ici_shape": (8, 1)})
     _checkpoint_of(config, tmp_path)
     compiled = []
-    monkeypatch.setattr(train.Trainer, "lower_train_step", lambda *a: compiled.append(a))
+    monkeypatch.setattr(trainer.Trainer, "lower_train_step", lambda *a: compiled.append(a))
     with pytest.raises(ConfigChangeError, match=r"train\.steps: 10 -> 12"):
         train.run(small_bert_config(**{"train.steps": 12, "mesh.ici_shape": (8, 1)}), str(tmp_path))
     assert not compiled  # refused before any train step was lowered

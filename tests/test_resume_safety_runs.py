@@ -25,39 +25,12 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO, cpu_env, tiny_train_command
+from tiny_bert_runs import OVERRIDES, STEPS, tiny_config
 
-from configs.bert import get_config
 from mlperf.checkpoint import committed_steps
 from mlperf.train import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("checkpoint")]
-
-STEPS = 12
-SETTINGS = {
-    "train.steps": STEPS,
-    "train.log_every_steps": 1,
-    "train.eval_every_samples": 64 * 4,
-    "train.target": 2.0,  # unreachable: every run trains all its steps
-    "train.stop_at_target": False,
-    "model.num_layers": 1,
-    "model.hidden_size": 32,
-    "model.num_heads": 4,
-    "model.mlp_dim": 64,
-    "checkpoint.every_steps": 2,
-    "checkpoint.keep": 100,
-}
-OVERRIDES = [f"--config.{k}={v}" for k, v in SETTINGS.items()]
-
-
-def _config(**extra):
-    c = get_config("tiny")
-    for key, value in {**SETTINGS, **extra}.items():
-        node = c
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
 
 
 def _start(workdir, *extra):
@@ -206,13 +179,13 @@ def test_unwritable_checkpoints_stop_in_one_line_and_the_run_resumes(tmp_path):
 def test_a_loss_spike_names_the_checkpoint_before_it_and_retention_keeps_it(tmp_path):
     workdir = tmp_path / "w"
     ckpts = workdir / "checkpoints"
-    run(_config(**{"train.steps": 8}), str(workdir))
+    run(tiny_config(**{"train.steps": 8}), str(workdir))
     for step in (6, 8):
         shutil.rmtree(ckpts / str(step))
     # Resume at step 4 with a learning rate 10^4 larger (forced), retention at its
     # tightest: the update of step 5 blows the loss of step 6 up (the loss is taken
     # before each step's update).
-    config = _config(
+    config = tiny_config(
         **{
             "train.steps": 8,
             "optimizer.learning_rate": 100.0,

@@ -123,7 +123,7 @@ def eval_worker(out_path: str, cache: str) -> None:
 
     from launch.distributed import init_distributed
     from mlperf.evaluate import Evaluator
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
 
     env = os.environ
     init_distributed(

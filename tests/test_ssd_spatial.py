@@ -9,7 +9,7 @@ import pytest
 
 from configs.ssd import SPATIAL_RULES, get_config
 from mlperf.ssd.boxes import BoxEncoder
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 from parallel.partition import Partitioner
 
 pytestmark = pytest.mark.xdist_group("ssd_spatial")

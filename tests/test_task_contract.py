@@ -8,11 +8,13 @@ import ast
 import dataclasses
 import os
 
+import numpy as np
 import pytest
 from conftest import REPO
 
 from configs import bert, maskrcnn, ssd, transformer
 from mlperf.bert.model import BertConfig
+from mlperf.pretrained import PretrainedModules
 from mlperf.task import Task, from_config
 from mlperf.tasks import get_task
 
@@ -29,6 +31,26 @@ def test_every_benchmark_is_a_task_with_phases_computed_once(task):
     assert task.phases() is task.phases() and len(task.phases()) >= 1
     assert task.target_value == task.target_value > 0
     assert task.mllog_metadata() is not None  # a hook with a default, never probed
+
+
+def test_one_pretrained_hook_none_without_init(task):
+    assert task.pretrained({}) is None  # the tiny configs start from the random init
+
+
+def test_pretrained_modules_name_every_difference_from_the_model():
+    shapes = {"backbone": {"conv": np.zeros((3, 3)), "bn": np.zeros(3)}, "head": np.zeros(2)}
+    fits = PretrainedModules({"backbone": {"conv": np.ones((3, 3)), "bn": np.ones(3)}}, shapes, "x")
+    assert not fits.whole_model and fits.describe() == "x" and set(fits.read()) == {"backbone"}
+    wrong = {"backbone": {"conv": np.ones((3, 4)), "extra": np.ones(1)}, "neck": {}}
+    with pytest.raises(ValueError, match=r"do not fit the model \(4 differences\)") as e:
+        PretrainedModules(wrong, shapes, "x")
+    for part in (
+        "backbone/extra: not in the model",
+        "backbone/bn: missing from the checkpoint",
+        "backbone/conv: checkpoint (3, 4), model (3, 3)",
+        "neck: not a module",
+    ):
+        assert part in str(e.value)
 
 
 def test_tasks_are_immutable_after_construction(task):

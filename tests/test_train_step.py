@@ -9,7 +9,7 @@ import pytest
 from conftest import small_bert_config, synthetic_bert_batch, train_steps
 
 from mlperf.inspection import inspect_config
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 from parallel.aot import hlo_op_stats
 
 

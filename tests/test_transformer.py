@@ -13,7 +13,7 @@ from conftest import train_steps
 from configs.transformer import get_config
 from input_pipeline import translation_tfds, translation_vocab
 from input_pipeline.packing import pack_pairs
-from mlperf.train import build_trainer
+from mlperf.trainer import build_trainer
 from parallel.aot import hlo_op_stats
 
 pytestmark = pytest.mark.xdist_group("transformer")

@@ -23,6 +23,7 @@ import numpy as np
 from input_pipeline.tf1_checkpoint import Tf1Checkpoint, is_tf1_checkpoint
 from mlperf.bert.hf_export import HfTensor, from_hf_layout, hf_shape, hf_tensors, is_stacked
 from mlperf.bert.model import BertConfig
+from mlperf.pretrained import Pretrained
 
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # (checkpoint config key, our BertConfig field, the config override that sets it)
@@ -247,8 +248,10 @@ def _our_shape(shapes: Any, t: HfTensor) -> tuple[int, ...]:
     return tuple(node.shape)
 
 
-class PretrainedBert:
+class PretrainedBert(Pretrained):
     """A checked checkpoint, ready to read into our parameter tree."""
+
+    whole_model = True
 
     def __init__(self, path: str, cfg: BertConfig, param_shapes: Any):
         self.source = open_source(path)

@@ -43,7 +43,7 @@ from mlperf.checkpoint.manager import (
     Restored,
 )
 from mlperf.checkpoint.process_settings import configure_checkpointing
-from mlperf.checkpoint.resume import reopen_mllog, resume_position
+from mlperf.checkpoint.resume import resume_position
 from mlperf.checkpoint.stability import SpikeRule, last_good
 from mlperf.checkpoint.stopping import PreemptionNotice, all_finite
 
@@ -71,7 +71,6 @@ __all__ = [
     "committed_steps",
     "iterator_state_of",
     "leaf_shapes",
-    "reopen_mllog",
     "resume_position",
     "write_manifest",
 ]

@@ -1,4 +1,5 @@
-"""Where a resumed run picks up: the input iterator's position and the MLPerf log.
+"""Where a resumed run picks up (its input iterator's position), and where a run that
+starts from scratch puts the logs of the run before it.
 
 An iterator without checkpointable state (or a checkpoint from another process count) is
 moved on by skipping the batches already taken.
@@ -11,8 +12,6 @@ import os
 from typing import TYPE_CHECKING
 
 import grain
-
-from mlperf.mllog import MlLog
 
 if TYPE_CHECKING:
     from mlperf.checkpoint.manager import Restored
@@ -38,22 +37,6 @@ def resume_position(restored: Restored | None, phase_index: int, phase_steps: in
         for _ in range(done):
             next(iterator)
     return done
-
-
-def reopen_mllog(path: str, size: int, enabled: bool) -> MlLog:
-    """An MlLog appending to `path` cut back to `size` bytes: the log as it was when the
-    checkpoint was written, so the resumed run's events follow on (one log per run)."""
-    if enabled:
-        current = os.path.getsize(path) if os.path.exists(path) else 0
-        if current < size:
-            print(
-                f"WARNING: {path} has {current} bytes, fewer than the {size} it had at the "
-                "checkpoint; the MLPerf log of this run will be incomplete.",
-                flush=True,
-            )
-        else:
-            os.truncate(path, size)
-    return MlLog(path, enabled=enabled, append=True)
 
 
 # What a run writes into its work directory besides checkpoints.

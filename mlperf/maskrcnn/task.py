@@ -24,6 +24,7 @@ from mlperf.maskrcnn.boxes import AnchorConfig
 from mlperf.maskrcnn.model import MaskRcnn, MaskRcnnConfig
 from mlperf.maskrcnn.postprocess import coco_results
 from mlperf.mllog import keys
+from mlperf.pretrained import PretrainedModules
 from mlperf.task import Phase, Task, single_phase
 from parallel.precision import policy_from_config
 
@@ -67,7 +68,7 @@ class MaskRcnnTask(Task[MaskRcnnData]):
     def prepare(self, shard_index: int, shard_count: int) -> MaskRcnnData:
         """Builds (or loads) the data set and the eval ground truth before compiling."""
         del shard_index, shard_count  # every host reads the same prepared set
-        self.pretrained_params()  # a wrong backbone file fails before the data is built
+        self._backbone()  # a wrong backbone file fails before the data is built
         data = prepare_coco(self.coco_folder(), os.path.join(cache_dir(self.config.data), "tfds"))
         return MaskRcnnData(data, CocoEvaluator(data.eval_gt_path, data.label_to_category))
 
@@ -203,13 +204,21 @@ class MaskRcnnTask(Task[MaskRcnnData]):
     def build_model(self, rngs: nnx.Rngs) -> MaskRcnn:
         return MaskRcnn(self.model_config(), rngs=rngs)
 
-    def pretrained_params(self) -> dict[str, Any] | None:
+    def _backbone(self) -> dict[str, Any] | None:
         """The ImageNet ResNet-50 of `init.backbone_checkpoint` (a torchvision .pth) as
         the backbone's params, or None without one."""
         path = self.config.get("init", {}).get("backbone_checkpoint", "")
         if not path:
             return None
-        return {"backbone": load_torchvision_resnet(path, self.backbone_config())}
+        return load_torchvision_resnet(path, self.backbone_config())
+
+    def pretrained(self, param_shapes) -> PretrainedModules | None:
+        """The backbone from `init.backbone_checkpoint`; the heads start random."""
+        backbone = self._backbone()
+        if backbone is None:
+            return None
+        path = self.config.init.backbone_checkpoint
+        return PretrainedModules({"backbone": backbone}, param_shapes, f"ResNet-50 backbone {path}")
 
     # ---- loss ----------------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:

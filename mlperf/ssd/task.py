@@ -22,6 +22,7 @@ from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.coco_source import cache_dir, coco_folder
 from mlperf.coco_eval import CocoEvaluator
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
+from mlperf.pretrained import PretrainedModules
 from mlperf.ssd import data as ssd_data
 from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_boxes
 from mlperf.ssd.loss import ssd_loss_per_image
@@ -87,7 +88,7 @@ class SsdTask(Task[SsdData]):
     def prepare(self, shard_index: int, shard_count: int) -> SsdData:
         """Builds (or loads) the data set and the COCO evaluator."""
         del shard_index, shard_count  # every host reads the same random-access splits
-        self.pretrained_params()  # a wrong backbone file fails before the data is built
+        self._backbone()  # a wrong backbone file fails before the data is built
         data = prepare_coco(self.coco_folder(), os.path.join(cache_dir(self.config.data), "tfds"))
         classes = self.config.model.num_classes
         if classes and classes != data.num_classes:
@@ -188,14 +189,21 @@ class SsdTask(Task[SsdData]):
     def build_model(self, rngs: nnx.Rngs) -> Ssd:
         return Ssd(self.model_config(), rngs=rngs)
 
-    def pretrained_params(self) -> dict[str, Any] | None:
+    def _backbone(self) -> dict[str, Any] | None:
         """The ImageNet ResNet-34 of `init.backbone_checkpoint` (a torchvision .pth) as
         the backbone's params, or None without one."""
         path = self.config.get("init", {}).get("backbone_checkpoint", "")
         if not path:
             return None
-        cfg = backbone_config(self._model_shape(num_classes=1))
-        return {"backbone": load_torchvision_resnet(path, cfg)}
+        return load_torchvision_resnet(path, backbone_config(self._model_shape(num_classes=1)))
+
+    def pretrained(self, param_shapes) -> PretrainedModules | None:
+        """The backbone from `init.backbone_checkpoint`; the heads start random."""
+        backbone = self._backbone()
+        if backbone is None:
+            return None
+        path = self.config.init.backbone_checkpoint
+        return PretrainedModules({"backbone": backbone}, param_shapes, f"ResNet-34 backbone {path}")
 
     # ---- loss --------------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:

@@ -1,0 +1,139 @@
+"""What init builds for a run: mesh, partitioner, prepared task, optimizer, state layout.
+
+`build_trainer(config)` validates the config, builds the mesh and the data (cached) and
+the sharded state layout; the `Trainer` it returns compiles the train step and makes the
+initial state. `mlperf/train.py` runs the loop with it; tools (inspect, bench, export,
+the sharding tables) use it without training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import optax
+
+from mlperf.optimizer import build_optimizer
+from mlperf.pretrained import Pretrained
+from mlperf.steps import batch_abstract, make_train_step
+from mlperf.task import Phase, Task
+from mlperf.tasks import get_task
+from mlperf.train_state import (
+    StateLayout,
+    abstract_model,
+    build_state_layout,
+    init_train_state,
+    load_params,
+    stacked_leaves,
+)
+from mlperf.validate import check_cache_dir, validate
+from parallel.data_parallel import GradReduction
+from parallel.mesh import build_mesh
+from parallel.partition import Partitioner
+from parallel.rules import rules_from_config
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Everything built during init: the loop and tools (inspect, bench) use it."""
+
+    config: Any
+    task: Task
+    partitioner: Partitioner
+    phases: tuple[Phase, ...]
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    layout: StateLayout
+    _pretrained: Any = dataclasses.field(default=None, init=False, repr=False)
+
+    def pretrained(self) -> Pretrained | None:
+        """The task's starting point (`Task.pretrained`: a BERT checkpoint, an ImageNet
+        backbone), checked against the model's names and shapes; None: the random init."""
+        if self._pretrained is None:
+            params = self.layout.abstract_train_state["params"]
+            self._pretrained = self.task.pretrained(params) or False
+        return self._pretrained or None
+
+    data_prep_s: float = 0.0  # time build_trainer spent preparing the data
+
+    def jitted_train_step(self):
+        """The train step, jitted with state/batch shardings and state donation."""
+        p = self.config.parallel
+        reduction = GradReduction(
+            algorithm=p.get("grad_allreduce", "xla"),
+            bucket_bytes=p.get("grad_bucket_bytes", 4 << 20),
+            num_chunks=p.get("grad_allreduce_chunks", 0) or None,
+            dtype=p.get("grad_reduce_dtype", "float32"),
+            loss_scale=p.get("grad_loss_scale", 1024.0),
+        )
+        step = make_train_step(
+            self.task,
+            self.layout,
+            self.partitioner,
+            self.tx,
+            self.schedule,
+            self.config.train.microbatches,
+            reduction,
+        )
+        return self.partitioner.jit(
+            step,
+            in_shardings=(self.layout.state_shardings, None, self.partitioner.replicated()),
+            out_shardings=(self.layout.state_shardings, self.partitioner.replicated()),
+            donate_argnums=(0,),
+        )
+
+    def lower_train_step(self, phase: Phase):
+        """Lowers the train step for one phase's global batch shapes (nothing allocated)."""
+        abstract = batch_abstract(
+            self.partitioner, self.task.example_spec(phase), phase.global_batch_size
+        )
+        key = jax.ShapeDtypeStruct(
+            (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
+        )
+        return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
+
+    def init_state(self):
+        """The sharded initial state: random, then the pretrained parameters if any (a
+        BERT checkpoint, an ImageNet backbone), each checked against the model's shapes
+        before the random init and written straight into its sharding."""
+        pretrained = self.pretrained()
+        state = init_train_state(
+            self.task.build_model, self.tx, self.layout, self.partitioner, self.config.seed
+        )
+        if pretrained is not None:
+            state = load_params(state, pretrained.read(), self.tx, self.layout, self.partitioner)
+        return state
+
+
+def build_partitioner(config, devices=None) -> Partitioner:
+    """Mesh and partitioner from config.mesh / config.parallel."""
+    mesh = build_mesh(config.mesh.axes, config.mesh.ici_shape, config.mesh.dcn_shape, devices)
+    return Partitioner(
+        mesh,
+        rules=rules_from_config(config.parallel.get("rules", None)),
+        weight_update_sharding=config.parallel.weight_update_sharding,
+        fsdp=config.parallel.fsdp,
+    )
+
+
+def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
+    """Validates the config, builds mesh, data (cached) and the sharded state layout."""
+    devices = list(jax.devices() if devices is None else devices)
+    validate(config, len(devices))
+    if prepare_data:
+        check_cache_dir(config)
+    partitioner = build_partitioner(config, devices)
+    task = get_task(config)
+    phases = task.phases()
+    prepare_start = time.perf_counter()
+    if prepare_data:
+        layout0 = partitioner.data_layout(phases[0].global_batch_size)
+        task = task.with_data(task.prepare(layout0.shard_index, layout0.shard_count))
+    data_prep_s = time.perf_counter() - prepare_start
+    schedule = task.schedule()
+    model = abstract_model(task.build_model, config.seed)
+    tx = build_optimizer(config.optimizer, schedule, stacked_leaves(model))
+    layout = build_state_layout(model, tx, partitioner)
+    return Trainer(config, task, partitioner, phases, tx, schedule, layout, data_prep_s)
