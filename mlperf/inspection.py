@@ -208,7 +208,7 @@ def _scan_layer_estimate(config, devices, train: dict[str, Any]) -> None:
     [L, ...] variables, done once for all layers, not once per layer and per variable.
     Needs an even depth (an odd one falls back to the unrolled extrapolation).
     """
-    from mlperf.train import build_trainer
+    from mlperf.trainer import build_trainer
     from parallel.aot import cost_analysis
 
     layers = int(config.model.num_layers)
