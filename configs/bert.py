@@ -46,6 +46,9 @@ def _base() -> ConfigDict:
             max_position=512,
             type_vocab_size=2,
             dropout_rate=0.1,
+            # Attention scores and softmax in "float32" or "bfloat16" (half the bytes of
+            # the [B, H, L, L] tensors; docs/performance.md "TPU step time").
+            attention_softmax_dtype="float32",
             # Stack the layers on a `stack` axis and lax.scan them: one layer's program
             # whatever the depth (what makes BERT-large compile for a multipod).
             # Changes the parameter tree: checkpoints of one form do not restore into
@@ -53,6 +56,8 @@ def _base() -> ConfigDict:
             scan_layers=False,
             scan_unroll=1,  # layers per scan iteration
             remat=False,  # recompute layer activations in the backward pass
+            # What remat keeps: "nothing", "dots" or "dots_no_batch" (mlperf/bert/model.py).
+            remat_policy="nothing",
             # GELU's tanh approximation (Google's TF BERT, the MLPerf reference checkpoint)
             # instead of the exact erf GELU (Hugging Face's "gelu").
             gelu_approximate=False,
@@ -263,6 +268,14 @@ def get_config(arg: str = "tiny") -> ConfigDict:
                 decay_steps=560,
             )
             c.train.update(global_batch_size=8192, steps=560, eval_batch_size=8192)
+            # Step time (docs/performance.md "TPU step time"): without remat the scanned
+            # layers save their [B, H, L, L] softmax, dropout masks and probabilities for
+            # the backward pass in stacked buffers; recomputing them (keeping only the
+            # unbatched matmul outputs) cuts the compiler's estimate by a third. Gradients
+            # are summed over `data` in bfloat16, as Google's v0.7 run did. Neither
+            # changes the model or the optimizer.
+            c.model.update(remat=True, remat_policy="dots_no_batch")
+            c.parallel.grad_reduce_dtype = "bfloat16"
             # The 30,522-word vocabulary padded to a multiple of 64 so the embedding and
             # MLM head split over a model axis of up to 64 (as TPU implementations do).
             c.model.vocab_size = 30528

@@ -1,7 +1,7 @@
 """Compile a config's train and eval steps for a mesh and report memory, FLOPs, collectives.
 
     python -m launch.inspect --config configs/bert.py:mlperf_v07 --topology v4:16x16x16 \\
-        [--mesh data=-1,model=4] [--slices 2] [--json]
+        [--mesh data=-1,model=4] [--slices 2] [--json] [--profile 25]
 
 Without --topology the step is compiled for this machine's (fake CPU) devices; with it,
 for a TPU slice of any generation libtpu knows (v2, v3, v4, v5e, v5p, v6e) through
@@ -44,7 +44,20 @@ def _define_flags() -> dict[str, Any]:
             True,
             "Scanned layers: estimate the step from 1- and 2-layer unrolled compiles.",
         ),
+        "layer_estimate_method": flags.DEFINE_enum(
+            "layer_estimate_method",
+            "unrolled",
+            ["unrolled", "scan"],
+            "Scanned layers: extrapolate from 1- and 2-layer unrolled compiles (unrolled) or "
+            "from the scanned program with 1 and 2 layers per iteration (scan).",
+        ),
         "json": flags.DEFINE_bool("json", False, "Print one JSON object instead of a table."),
+        "profile": flags.DEFINE_integer(
+            "profile",
+            0,
+            "Also list the train step's N heaviest ops by the compiler's per-op cost, "
+            "with totals per kind (matmul, elementwise, collective, copy/transpose).",
+        ),
     }
 
 
@@ -70,8 +83,9 @@ def main(argv: list[str]) -> None:
             config,
             topology=_FLAGS["topology"].value,
             eval_step=_FLAGS["eval"].value,
-            layer_estimate=_FLAGS["layer_estimate"].value,
+            layer_estimate=_FLAGS["layer_estimate"].value and _FLAGS["layer_estimate_method"].value,
             slices=slices,
+            profile=_FLAGS["profile"].value,
         )
     except (TopologyError, ConfigError, MeshShapeError, ValueError) as e:
         # One line naming what is wrong (absl's UsageError would add the whole help).

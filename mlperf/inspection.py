@@ -178,6 +178,67 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
     train["estimate_method"] = f"unrolled 1- and 2-layer compiles, extrapolated to {layers}"
 
 
+def profile_step(hlo_text: str, topo=None, top: int = 25) -> dict[str, Any]:
+    """The op profile of a compiled step (`parallel.hlo_profile`): the compiler's per-op
+    cycles at the chip's clock, collectives by the ring model over the chip's links
+    (both directions, shared by its cores), the rest by the roofline at its peaks."""
+    from parallel.hardware import CLOCK_HZ
+    from parallel.hlo_profile import op_profile, summarize
+
+    kw: dict[str, Any] = {}
+    if topo is not None:
+        per_device = topo.devices_per_chip
+        kw = dict(
+            clock_hz=CLOCK_HZ.get(topo.generation),
+            link_bandwidth=2 * topo.chip.link_bandwidth / per_device,
+            peak_flops=topo.chip.peak_flops / per_device,
+            hbm_bandwidth=topo.chip.hbm_bandwidth / per_device,
+        )
+    summary = summarize(op_profile(hlo_text, **kw), top)
+    summary["clock_hz"] = kw.get("clock_hz")
+    return summary
+
+
+def _scan_layer_estimate(config, devices, train: dict[str, Any]) -> None:
+    """The step-time estimate of a scanned layer stack from the scanned program itself:
+    the compiled step (one layer per loop iteration, seen once by the compiler) and the
+    same step with two layers per iteration (`model.scan_unroll=2`); their difference is
+    one layer's forward and backward, so est(1) + (L - 1) (est(2) - est(1)).
+
+    Unlike the unrolled extrapolation (`_layer_estimate`), what lies outside the loop is
+    the program's own: the optimizer and the gradient collectives of the stacked
+    [L, ...] variables, done once for all layers, not once per layer and per variable.
+    Needs an even depth (an odd one falls back to the unrolled extrapolation).
+    """
+    from mlperf.trainer import build_trainer
+    from parallel.aot import cost_analysis
+
+    layers = int(config.model.num_layers)
+    if layers % 2:
+        _layer_estimate(config, devices, train)
+        return
+    c = config.copy_and_resolve_references()
+    c.model.update(scan_unroll=2)
+    trainer = build_trainer(c, devices=devices, prepare_data=False)
+    _, compiled, _, _, error = _compile(lambda t=trainer: t.lower_train_step(t.phases[0]))
+    if compiled is None:
+        train["layer_estimate_error"] = (error or "").splitlines()[0][:300]
+        return
+    one, two = train["compiler_step_s"], float(cost_analysis(compiled).get("optimal_seconds", -1))
+    if two <= 0:
+        train["layer_estimate_error"] = f"compiler estimate {two} s is unusable"
+        return
+    train["layer_step_s"] = two - one
+    train["scan_unroll_1_2_step_s"] = [one, two]
+    train["estimated_step_s"] = one + (layers - 1) * (two - one)
+    train["estimate_method"] = (
+        f"scanned program with 1 and 2 layers per iteration, extrapolated to {layers}"
+    )
+
+
+LAYER_ESTIMATES = ("unrolled", "scan")
+
+
 def check_batches(config, devices: int, where: str) -> None:
     """Raises a one-line ConfigError when a global batch does not split over the mesh's
     `data` axis, naming the nearest valid batches and the meshes that keep them
@@ -201,8 +262,9 @@ def inspect_config(
     devices=None,
     topology: str = "",
     eval_step: bool = False,
-    layer_estimate: bool = True,
+    layer_estimate: bool | str = True,
     slices: int = 1,
+    profile: int = 0,
 ) -> dict:
     """Compiles the first phase's train step (and the eval step) and returns the report.
 
@@ -210,7 +272,9 @@ def inspect_config(
     copies of it joined over DCN (the `data` axis spans them, `use_slices`); otherwise
     `devices` (default: this process's devices) are used. With `layer_estimate`, a
     scanned layer stack's step-time estimate comes from two small unrolled compiles
-    (`_layer_estimate`).
+    (`_layer_estimate`; `layer_estimate="scan"`: from the scanned program with one and
+    two layers per iteration, `_scan_layer_estimate`). `profile` > 0 adds the train
+    step's op profile with that many top ops (`profile_step`).
     """
     import jax
 
@@ -223,6 +287,10 @@ def inspect_config(
     from parallel.mesh import describe_mapping, mesh_shape
     from parallel.topology import TopologyError, check_mesh_fits, get_topology, mesh_fit_text
 
+    if isinstance(layer_estimate, str) and layer_estimate not in LAYER_ESTIMATES:
+        raise ValueError(
+            f"layer estimate {layer_estimate!r} is unknown; use one of {LAYER_ESTIMATES}."
+        )
     topo = get_topology(topology, slices) if topology else None
     if topo is not None:
         devices = topo.devices
@@ -247,15 +315,16 @@ def inspect_config(
     slice_of = slice_of if len(set(slice_of)) > 1 else None
     peak = topo.chip.peak_flops / topo.devices_per_chip if topo is not None else None
     hbm_bw = topo.chip.hbm_bandwidth / topo.devices_per_chip if topo is not None else None
-    train = _step_report(
-        *_compile(lambda: trainer.lower_train_step(phase)),
-        peak_flops=peak,
-        slice_of=slice_of,
-        hbm_bandwidth=hbm_bw,
-    )
+    compiled_train = _compile(lambda: trainer.lower_train_step(phase))
+    train = _step_report(*compiled_train, peak_flops=peak, slice_of=slice_of, hbm_bandwidth=hbm_bw)
+    if profile and compiled_train[1] is not None:
+        train["profile"] = profile_step(compiled_train[1].as_text(), topo, profile)
     scanned = bool(config.model.get("scan_layers", False)) and config.model.num_layers > 2
     if layer_estimate and scanned and "compiler_step_s" in train:
-        _layer_estimate(config, devices, train)
+        if layer_estimate == "scan":
+            _scan_layer_estimate(config, devices, train)
+        else:
+            _layer_estimate(config, devices, train)
     logging.info("train step: %s", json.dumps(train))  # kept if the eval compile never ends
     params_b, opt_b = bytes_per_device(state["params"]), bytes_per_device(state["opt_state"])
     mem = train.get("memory", {})
@@ -403,4 +472,11 @@ def table(report: dict[str, Any]) -> str:
                 )
             )
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    profile = report.get("train", {}).get("profile")
+    if profile:
+        from parallel.hlo_profile import profile_table
+
+        text += "\n\ntrain step op profile (compiler cycles per op; collectives: ring model)\n"
+        text += profile_table(profile)
+    return text

@@ -74,6 +74,12 @@ def validate(config, num_devices: int) -> dict[str, int]:
             f"precision.param_dtype={config.precision.param_dtype!r}: master "
             "parameters and optimizer state are kept in float32; use float32."
         )
+    softmax = config.model.get("attention_softmax_dtype", "float32")
+    if softmax not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.attention_softmax_dtype={softmax!r}: use float32 or bfloat16.")
+    policy = config.model.get("remat_policy", "nothing")
+    if policy not in ("nothing", "dots", "dots_no_batch"):
+        raise ConfigError(f"model.remat_policy={policy!r}: use nothing, dots or dots_no_batch.")
     check_names(config)
     return sizes
 

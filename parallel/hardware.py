@@ -187,6 +187,10 @@ CHIPS: dict[str, Chip] = {
         "GCP a3-ultragpu",
     ),
 }
+# TensorCore clock (Hz) per TPU generation, to turn the TPU compiler's per-op
+# `estimated_cycles` into time (parallel/hlo_profile.py): Jouppi et al., CACM 2020
+# (v2 700 MHz, v3 940 MHz) and ISCA 2023 (v4 1050 MHz). Other generations: unknown here.
+CLOCK_HZ: dict[str, float] = {"v2": 700e6, "v3": 940e6, "v4": 1050e6}
 # JAX device kinds that name a chip differently from CHIPS (one device per chip).
 _KIND_ALIASES = {"TPU v5e": "v5e", "TPU v5p": "v5p", "TPU v6e": "v6e", "Tesla T4": "t4"}
 # Generations whose JAX device is one TensorCore, half a chip (v4 runs in megacore).

@@ -81,15 +81,17 @@ def test_scan_equals_the_loop_given_the_same_parameters(loop_and_scan, train):
         np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
-def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat):
+@pytest.mark.parametrize(
+    "remat,policy",
+    [(False, "nothing"), (True, "nothing"), (True, "dots_no_batch"), (True, "dots")],
+    ids=["plain", "remat", "remat-dots_no_batch", "remat-dots"],
+)
+def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat, policy):
+    """Every remat policy recomputes what it does not keep (dropout masks included, from
+    the same keys): the gradients are the unrematerialised loop's."""
     loop, scan = loop_and_scan
-    scan = _with_params(
-        BertForPreTraining(
-            dataclasses.replace(CFG, scan_layers=True, remat=remat), rngs=nnx.Rngs(2)
-        ),
-        _params(scan),
-    )
+    cfg = dataclasses.replace(CFG, scan_layers=True, remat=remat, remat_policy=policy)
+    scan = _with_params(BertForPreTraining(cfg, rngs=nnx.Rngs(2)), _params(scan))
 
     def loss(model):
         mlm, nsp = model(_batch(), jax.random.key(5))

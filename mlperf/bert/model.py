@@ -23,6 +23,14 @@ from parallel.partition import constrain
 PADDING_LOGIT = -1e9
 
 
+# jax.checkpoint policies by config name (None: save nothing, recompute the layer).
+REMAT_POLICIES = {
+    "nothing": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
     """Model hyperparameters, built from the config's `model` sub-dict."""
@@ -39,6 +47,9 @@ class BertConfig:
     max_position: int = 512
     type_vocab_size: int = 2
     dropout_rate: float = 0.1
+    # dtype of the attention scores and softmax (`SelfAttention`): "float32" or
+    # "bfloat16" (half the bytes of the [B, H, L, L] tensors; not the default: numerics).
+    attention_softmax_dtype: str = "float32"
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
     # One layer's parameters stacked on a leading `stack` axis and applied with lax.scan:
@@ -52,6 +63,11 @@ class BertConfig:
     # Recompute each layer's activations in the backward pass (jax.checkpoint): memory
     # for the per-layer activations traded for about one more forward pass.
     remat: bool = False
+    # What the remat keeps from the forward pass (`REMAT_POLICIES`): "nothing" (recompute
+    # the whole layer), "dots" (keep every matmul output, recompute the elementwise ops)
+    # or "dots_no_batch" (keep the projections' and MLP's outputs; recompute attention's
+    # batched [B, H, L, L] products, softmax and dropout masks).
+    remat_policy: str = "nothing"
     # GELU's tanh approximation, as Google's TF BERT (the MLPerf reference checkpoint was
     # trained with it), instead of the exact erf form (Hugging Face's `gelu`).
     gelu_approximate: bool = False
@@ -73,7 +89,12 @@ class EncoderLayer(nnx.Module):
         dt = cfg.compute_dtype
         self.rate = cfg.dropout_rate
         self.attention = SelfAttention(
-            cfg.hidden_size, cfg.num_heads, rngs=rngs, dropout_rate=cfg.dropout_rate, dtype=dt
+            cfg.hidden_size,
+            cfg.num_heads,
+            rngs=rngs,
+            dropout_rate=cfg.dropout_rate,
+            dtype=dt,
+            softmax_dtype=jnp.dtype(cfg.attention_softmax_dtype),
         )
         self.attention_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
         self.mlp = MlpBlock(
@@ -161,7 +182,8 @@ class BertForPreTraining(nnx.Module):
         x = dropout(x, self.cfg.dropout_rate, None if rngs is None else rngs[-1])
         apply = _apply_layer
         if self.cfg.remat:
-            apply = jax.checkpoint(_apply_layer, static_argnums=(0,))
+            policy = REMAT_POLICIES[self.cfg.remat_policy]
+            apply = jax.checkpoint(_apply_layer, static_argnums=(0,), policy=policy)
         if self.cfg.scan_layers:
             graphdef, stacked = nnx.split(self.layers)
 

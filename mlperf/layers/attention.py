@@ -11,7 +11,11 @@ from parallel.partition import constrain
 
 
 class SelfAttention(nnx.Module):
-    """Q/K/V projections [embed -> heads x kv], softmax in fp32, output [heads x kv -> embed]."""
+    """Q/K/V projections [embed -> heads x kv], softmax, output [heads x kv -> embed].
+
+    The scores and the softmax are fp32 unless `softmax_dtype` says otherwise (bfloat16
+    halves the bytes of the [B, H, L, L] tensors, the largest in a long-sequence layer).
+    """
 
     def __init__(
         self,
@@ -21,6 +25,7 @@ class SelfAttention(nnx.Module):
         rngs: nnx.Rngs,
         dropout_rate: float = 0.0,
         dtype: jnp.dtype = jnp.float32,
+        softmax_dtype: jnp.dtype = jnp.float32,
     ):
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}.")
@@ -28,6 +33,7 @@ class SelfAttention(nnx.Module):
         self.head_dim = head_dim
         self.dropout_rate = dropout_rate
         self.dtype = dtype
+        self.softmax_dtype = softmax_dtype
 
         def proj():
             return DenseGeneral(
@@ -46,8 +52,8 @@ class SelfAttention(nnx.Module):
         k = constrain(self.key(x_BxLxD), ("batch", "length", "heads", "kv"))
         v = constrain(self.value(x_BxLxD), ("batch", "length", "heads", "kv"))
         q = q / jnp.sqrt(self.head_dim).astype(q.dtype)
-        scores_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        bias = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(jnp.float32)
+        scores_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(self.softmax_dtype)
+        bias = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(self.softmax_dtype)
         probs = jax.nn.softmax(scores_BxHxLxL + bias, axis=-1).astype(self.dtype)
         if rng is not None:
             probs = dropout(probs, self.dropout_rate, rng)

@@ -1,0 +1,67 @@
+"""Per-step pace of a training run from its MLPerf log (`:::MLLOG {...}` lines).
+
+Two clocks are in such a log, and they differ for a program dispatched asynchronously:
+
+- `block_start` / `block_stop` around `epoch_count` steps: how fast the host *issued*
+  the steps. With asynchronous dispatch (JAX, TF on TPU) the host runs ahead of the
+  device, so this can be far under the device's time per step.
+- `eval_accuracy` lines, one per evaluation at `epoch_num`: a result can only be logged
+  after the device has run every step before it, so the time between two results over
+  the steps between them is the device's pace (train steps plus one evaluation).
+
+    pace = step_pace(open("result_0.txt").read())
+    pace["dispatch_ms_per_step"], pace["device_ms_per_step"]
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any
+
+PREFIX = ":::MLLOG "
+
+
+def events(log_text: str) -> list[dict[str, Any]]:
+    """The JSON events of the `:::MLLOG` lines, in order (other lines are skipped)."""
+    out = []
+    for line in log_text.splitlines():
+        if PREFIX in line:
+            try:
+                out.append(json.loads(line.split(PREFIX, 1)[1]))
+            except json.JSONDecodeError:
+                continue  # a truncated line: the rest of the log still counts
+    return out
+
+
+def step_pace(log_text: str) -> dict[str, Any]:
+    """Host dispatch pace (median over blocks) and device pace (between consecutive
+    eval results) in ms per step, with the run's length and the steps at each eval.
+
+    A key is missing when the log lacks its events (no blocks, fewer than two evals).
+    """
+    evs = events(log_text)
+    blocks, evals, times = [], [], {}
+    start = None
+    for e in evs:
+        key, meta = e.get("key"), e.get("metadata") or {}
+        if key == "block_start":
+            start = e["time_ms"]
+        elif key == "block_stop" and start is not None and meta.get("epoch_count"):
+            blocks.append((e["time_ms"] - start) / meta["epoch_count"])
+            start = None
+        elif key == "eval_accuracy" and "epoch_num" in meta:
+            evals.append((meta["epoch_num"], e["time_ms"]))
+        elif key in ("run_start", "run_stop"):
+            times[key] = e["time_ms"]
+    out: dict[str, Any] = {"eval_steps": [s for s, _ in evals]}
+    if blocks:
+        out["dispatch_ms_per_step"] = statistics.median(blocks)
+    pairs = zip(evals, evals[1:], strict=False)
+    gaps = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in pairs if s1 > s0]
+    if gaps:
+        out["device_ms_per_step"] = statistics.median(gaps)
+        out["device_ms_per_step_each"] = gaps
+    if len(times) == 2:
+        out["run_s"] = (times["run_stop"] - times["run_start"]) / 1e3
+    return out
