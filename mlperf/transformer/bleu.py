@@ -31,13 +31,19 @@ def bleu_stats(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarr
     return np.asarray(per_sentence, np.int64).sum(axis=0)
 
 
-def bleu_from_stats(stats: np.ndarray) -> dict[str, float]:
-    """Corpus BLEU (0-100) and its parts from summed statistics [10] (or [hosts, 10])."""
+def summed_stats(stats: np.ndarray) -> np.ndarray:
+    """BLEU statistics [10] from [10] or per host [hosts, 10], checked."""
     s = np.asarray(stats, np.int64)
     if s.ndim == 2:
         s = s.sum(axis=0)
     if s.shape != (NUM_STATS,):
         raise ValueError(f"BLEU statistics must have {NUM_STATS} entries, got shape {s.shape}")
+    return s
+
+
+def bleu_from_stats(stats: np.ndarray) -> dict[str, float]:
+    """Corpus BLEU (0-100) and its parts from summed statistics [10] (or [hosts, 10])."""
+    s = summed_stats(stats)
     score = BLEU.compute_bleu(
         correct=[int(x) for x in s[2 : 2 + MAX_ORDER]],
         total=[int(x) for x in s[2 + MAX_ORDER :]],

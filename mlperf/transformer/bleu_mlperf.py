@@ -24,8 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-MAX_ORDER = 4
-NUM_STATS = 2 + 2 * MAX_ORDER  # sys_len, ref_len, matches[4], candidates[4]
+from mlperf.transformer.bleu import MAX_ORDER, NUM_STATS, summed_stats
+
+# The same statistics as sacrebleu's (bleu.py): sys_len, ref_len, matches[4], candidates[4].
 
 
 @functools.cache
@@ -94,11 +95,7 @@ def bleu_stats(
 
 def bleu_from_stats(stats: np.ndarray) -> dict[str, float]:
     """BLEU (0-100) and its parts from summed statistics [10] (or [hosts, 10])."""
-    s = np.asarray(stats, np.int64)
-    if s.ndim == 2:
-        s = s.sum(axis=0)
-    if s.shape != (NUM_STATS,):
-        raise ValueError(f"BLEU statistics must have {NUM_STATS} entries, got shape {s.shape}")
+    s = summed_stats(stats)
     sys_len, ref_len = int(s[0]), int(s[1])
     matches, candidates = s[2 : 2 + MAX_ORDER], s[2 + MAX_ORDER :]
     precisions = []
