@@ -31,6 +31,9 @@ def parallel_block(**extra: Any) -> ConfigDict:
             # v0.7 BERT) or float16 (x grad_loss_scale before the cast, / after).
             grad_reduce_dtype="float32",
             grad_loss_scale=1024.0,
+            # Where the data-parallel reduction is written: "shard_map" (explicit, above)
+            # or "annotations" (XLA's partitioner; float32 and grad_allreduce=xla only).
+            grad_path="shard_map",
             **extra,
         )
     )

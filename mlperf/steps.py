@@ -27,7 +27,12 @@ from mlperf.train_state import (
     frozen_template,
     model_state_template,
 )
-from parallel.data_parallel import GradReduction, data_parallel_value_and_grad
+from parallel.data_parallel import (
+    ANNOTATIONS,
+    GradReduction,
+    annotated_value_and_grad,
+    data_parallel_value_and_grad,
+)
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.weight_update import from_views, is_layout, to_views
 
@@ -56,6 +61,24 @@ def _split_microbatches(batch: PyTree, k: int) -> PyTree:
     return jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
 
 
+def _split_global_microbatches(batch: PyTree, k: int, partitioner: Partitioner) -> PyTree:
+    """[B, ...] -> [K, B/K, ...] for the global batch: microbatch i holds each replica's
+    i-th block of rows (the shard_map path's microbatch i on every replica), so each
+    device keeps its own rows and the split moves no data."""
+    replicas = partitioner.data_size
+
+    def one(x):
+        rows = x.shape[0] // (replicas * k)
+        y = x.reshape(replicas, k, rows, *x.shape[1:]).swapaxes(0, 1)
+        y = y.reshape(k, replicas * rows, *x.shape[1:])
+        spec = partitioner.batch_spec(x.ndim)
+        return jax.lax.with_sharding_constraint(
+            y, partitioner.sharding(jax.sharding.PartitionSpec(None, *spec))
+        )
+
+    return jax.tree.map(one, batch)
+
+
 def make_train_step(
     task: Task,
     layout: StateLayout,
@@ -80,7 +103,10 @@ def make_train_step(
     frozen = frozen_template(layout)
     # Each replica and microbatch returns its own updated running statistics (an EMA
     # step from the same old value); their mean is one EMA step with the mean statistics.
-    model_state_scale = 1.0 / (partitioner.data_size * microbatches)
+    reduction = grad_reduction or GradReduction()
+    annotated = reduction.path == ANNOTATIONS
+    # (Annotation path: the statistics come from the global batch, not summed replicas.)
+    model_state_scale = 1.0 / ((1 if annotated else partitioner.data_size) * microbatches)
 
     def loss_fn(params, batch, denominators, rng):
         model = layout.model(params)
@@ -93,11 +119,15 @@ def make_train_step(
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def local_grads(params, batch, denominators, rng):
-        """One replica's loss, aux sums and gradient over its rows (K microbatches)."""
+        """One replica's loss, aux sums and gradient over its rows (K microbatches);
+        on the annotation path, the same over the global batch."""
         if microbatches == 1:
             (loss, aux), grads = grad_fn(params, batch, denominators, rng)
             return loss, aux, grads
-        micro = _split_microbatches(batch, microbatches)
+        if annotated:
+            micro = _split_global_microbatches(batch, microbatches, partitioner)
+        else:
+            micro = _split_microbatches(batch, microbatches)
 
         def one(i):
             mb = jax.tree.map(lambda x: x[i], micro)
@@ -111,9 +141,12 @@ def make_train_step(
         total, _ = jax.lax.scan(body, one(0), jnp.arange(1, microbatches))
         return total
 
-    value_and_grads = data_parallel_value_and_grad(
-        local_grads, partitioner, layout.update_layouts, grad_reduction or GradReduction()
-    )
+    if annotated:
+        value_and_grads = annotated_value_and_grad(local_grads, layout.update_layouts)
+    else:
+        value_and_grads = data_parallel_value_and_grad(
+            local_grads, partitioner, layout.update_layouts, reduction
+        )
     # A flat view is all-gathered as a view (then unpadding and reshaping are local);
     # other leaves go straight to their parameter layout.
     gathered_shardings = jax.tree.map(

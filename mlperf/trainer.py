@@ -60,14 +60,7 @@ class Trainer:
 
     def jitted_train_step(self):
         """The train step, jitted with state/batch shardings and state donation."""
-        p = self.config.parallel
-        reduction = GradReduction(
-            algorithm=p.get("grad_allreduce", "xla"),
-            bucket_bytes=p.get("grad_bucket_bytes", 4 << 20),
-            num_chunks=p.get("grad_allreduce_chunks", 0) or None,
-            dtype=p.get("grad_reduce_dtype", "float32"),
-            loss_scale=p.get("grad_loss_scale", 1024.0),
-        )
+        reduction = GradReduction.from_config(self.config.parallel)
         step = make_train_step(
             self.task,
             self.layout,

@@ -9,7 +9,7 @@ import os
 import shutil
 
 from mlperf.optimizer import OPTIMIZERS
-from parallel.data_parallel import GRAD_ALLREDUCE_ALGORITHMS
+from parallel.data_parallel import GradReduction
 from parallel.mesh import MeshShapeError, resolve_mesh_shape
 
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
@@ -91,12 +91,10 @@ def check_names(config) -> None:
         raise ConfigError(
             f"optimizer.name={opt.get('name')!r} is unknown; use one of {', '.join(OPTIMIZERS)}."
         )
-    algorithm = config.get("parallel", {}).get("grad_allreduce", "xla")
-    if algorithm not in GRAD_ALLREDUCE_ALGORITHMS:
-        raise ConfigError(
-            f"parallel.grad_allreduce={algorithm!r} is unknown; use one of "
-            f"{', '.join(GRAD_ALLREDUCE_ALGORITHMS)}."
-        )
+    try:
+        GradReduction.from_config(config.get("parallel", {}))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_cache_dir(config) -> None:

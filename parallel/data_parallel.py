@@ -25,6 +25,12 @@ XLA:CPU cannot compile narrow collectives inside this program (its all-reduce pr
 pass aborts), and would widen them to float32 anyway: on CPU devices the gradients are
 rounded to the narrow type and summed in float32, which keeps the rounding a run sees
 and the tests check; TPU and GPU programs sum in the narrow type itself.
+
+`parallel.grad_path=annotations` is the alternative without any of this
+(`annotated_value_and_grad`): the loss and gradient run on the global batch with only
+sharding annotations, and XLA's SPMD partitioner inserts the reduction itself (as
+MaxText and big_vision do); it supports XLA's float32 reduction only. docs/design.md
+compares the two.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ from parallel.weight_update import UpdateLayout, entry_axes, is_layout
 XLA = "xla"
 GRAD_ALLREDUCE_ALGORITHMS = (XLA, *collectives.ALGORITHMS)
 GRAD_REDUCE_DTYPES = ("float32", "bfloat16", "float16")
+SHARD_MAP = "shard_map"
+ANNOTATIONS = "annotations"
+GRAD_PATHS = (SHARD_MAP, ANNOTATIONS)
 
 PyTree = Any
 
@@ -74,8 +83,33 @@ class GradReduction:
     num_chunks: int | None = None  # linear_pipeline chunks; None: the cost model's choice
     dtype: str = "float32"  # the gradients' type while they are summed over data
     loss_scale: float = 1024.0  # float16 only: gradients x scale before the cast, / after
+    path: str = SHARD_MAP  # or ANNOTATIONS: XLA's partitioner places the reduction
+
+    @classmethod
+    def from_config(cls, parallel: Any) -> GradReduction:
+        """From a config's `parallel` block (missing keys: the defaults); ValueError
+        naming the key for a value that cannot work."""
+        return cls(
+            algorithm=parallel.get("grad_allreduce", XLA),
+            bucket_bytes=parallel.get("grad_bucket_bytes", 4 << 20),
+            num_chunks=parallel.get("grad_allreduce_chunks", 0) or None,
+            dtype=parallel.get("grad_reduce_dtype", "float32"),
+            loss_scale=parallel.get("grad_loss_scale", 1024.0),
+            path=parallel.get("grad_path", SHARD_MAP),
+        )
 
     def __post_init__(self):
+        if self.path not in GRAD_PATHS:
+            raise ValueError(
+                f"parallel.grad_path={self.path!r} is unknown; use one of {', '.join(GRAD_PATHS)}."
+            )
+        if self.path == ANNOTATIONS and (self.algorithm != XLA or self.dtype != "float32"):
+            raise ValueError(
+                "parallel.grad_path=annotations leaves the gradient reduction to XLA, in "
+                f"float32: grad_allreduce={self.algorithm!r} and grad_reduce_dtype="
+                f"{self.dtype!r} need parallel.grad_path=shard_map (or grad_allreduce=xla "
+                "and grad_reduce_dtype=float32)."
+            )
         if self.dtype not in GRAD_REDUCE_DTYPES:
             raise ValueError(
                 f"parallel.grad_reduce_dtype={self.dtype!r} is unknown; use one of "
@@ -216,5 +250,27 @@ def data_parallel_value_and_grad(
             check_vma=how.algorithm == XLA,
         )
         return mapped(params, batch, shared, rng)
+
+    return fn
+
+
+def annotated_value_and_grad(
+    global_fn: Callable[[PyTree, PyTree, PyTree, jax.Array], tuple[jax.Array, dict, PyTree]],
+    layouts: PyTree,
+) -> Callable:
+    """The annotation-only counterpart of `data_parallel_value_and_grad`.
+
+    `global_fn(params, batch, shared, rng) -> (loss, aux, grads)` runs on the global batch
+    (sharded over data by its input sharding); no manual region, no explicit collective:
+    the caller's sharding constraint on the returned views (the weight-update layouts)
+    is all XLA's partitioner is told, and it chooses the reduction (an all-reduce, or a
+    reduce-scatter where its passes form one). Dropout masks are drawn for the global
+    batch from one key, so they differ from the shard_map path's per-replica masks.
+    """
+
+    def fn(params, batch, shared, rng):
+        loss, aux, grads = global_fn(params, batch, shared, rng)
+        views = jax.tree.map(lambda lay, g: lay.to_view(g), layouts, grads, is_leaf=is_layout)
+        return loss, aux, views
 
     return fn

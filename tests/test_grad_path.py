@@ -1,0 +1,71 @@
+"""`parallel.grad_path`: the explicit shard_map reduction and the annotation-only one
+(XLA's partitioner places the reduction) train the same model the same way."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from conftest import small_bert_config, synthetic_bert_batch, train_steps
+
+from mlperf.validate import ConfigError, check_names
+
+# Two batches in turn: the loss of each falls as it is seen again (dropout is off).
+BATCHES = [synthetic_bert_batch(16, seed=s % 2) for s in range(8)]
+
+
+def _run(devices, path: str, **overrides):
+    config = small_bert_config(
+        **{"mesh.ici_shape": (4, 2), "parallel.grad_path": path, **overrides}
+    )
+    return train_steps(config, BATCHES, devices)
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_annotation_path_trains_like_shard_map(devices, microbatches):
+    """Same losses and parameters with and without gradient accumulation (the global
+    microbatch split takes each replica's own rows, as the shard_map path does)."""
+    manual = _run(devices, "shard_map", **{"train.microbatches": microbatches})
+    annotated = _run(devices, "annotations", **{"train.microbatches": microbatches})
+    assert manual.losses[-1] < manual.losses[1], "the reference run must learn"
+    # Sums are taken in another order: equal to float32 rounding, not bitwise.
+    np.testing.assert_allclose(annotated.losses, manual.losses, rtol=2e-5)
+    for a, b in zip(
+        jax.tree.leaves(annotated.state["params"]),
+        jax.tree.leaves(manual.state["params"]),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_annotation_path_has_no_manual_region(devices):
+    """The annotation-only program is left to XLA's partitioner: no shard_map region
+    (no manual sharding custom-call) in the lowered step, unlike the explicit path."""
+    from mlperf.trainer import build_trainer
+
+    def lowered(path):
+        config = small_bert_config(**{"mesh.ici_shape": (4, 2), "parallel.grad_path": path})
+        trainer = build_trainer(config, devices=devices, prepare_data=False)
+        return trainer.lower_train_step(trainer.phases[0]).as_text()
+
+    assert "sdy.manual_computation" in lowered("shard_map")
+    assert "sdy.manual_computation" not in lowered("annotations")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"parallel.grad_path": "auto"}, "grad_path='auto' is unknown; use one of shard_map"),
+        (
+            {"parallel.grad_path": "annotations", "parallel.grad_reduce_dtype": "bfloat16"},
+            "grad_reduce_dtype='bfloat16' need parallel.grad_path=shard_map",
+        ),
+        (
+            {"parallel.grad_path": "annotations", "parallel.grad_allreduce": "ring"},
+            "grad_allreduce='ring'",
+        ),
+    ],
+)
+def test_bad_grad_path_is_a_config_error(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_names(small_bert_config(**overrides))
