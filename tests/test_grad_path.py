@@ -38,18 +38,25 @@ def test_annotation_path_trains_like_shard_map(devices, microbatches):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-def test_annotation_path_has_no_manual_region(devices):
-    """The annotation-only program is left to XLA's partitioner: no shard_map region
-    (no manual sharding custom-call) in the lowered step, unlike the explicit path."""
+def test_annotation_path_leaves_the_reduction_to_xla(devices):
+    """The annotation-only program has no shard_map region (no manual computation) and,
+    on XLA:CPU, no reduce-scatter: the partitioner all-reduces the gradients and slices
+    the weight-update shards, where the explicit path reduce-scatters them."""
     from mlperf.trainer import build_trainer
 
-    def lowered(path):
+    def step(path):
         config = small_bert_config(**{"mesh.ici_shape": (4, 2), "parallel.grad_path": path})
         trainer = build_trainer(config, devices=devices, prepare_data=False)
-        return trainer.lower_train_step(trainer.phases[0]).as_text()
+        lowered = trainer.lower_train_step(trainer.phases[0])
+        return lowered.as_text(), lowered.compile().as_text()
 
-    assert "sdy.manual_computation" in lowered("shard_map")
-    assert "sdy.manual_computation" not in lowered("annotations")
+    manual_lowered, manual_compiled = step("shard_map")
+    auto_lowered, auto_compiled = step("annotations")
+    assert "manual_computation" in manual_lowered
+    assert "manual_computation" not in auto_lowered
+    assert manual_compiled.count(" reduce-scatter(") > 5
+    assert auto_compiled.count(" reduce-scatter(") == 0
+    assert auto_compiled.count(" all-reduce(") > 5
 
 
 @pytest.mark.parametrize(
