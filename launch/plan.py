@@ -8,6 +8,8 @@
         --config.data.seq_length=128
     python -m launch.plan --honesty
     python -m launch.plan --seed_study
+    python -m launch.plan --config configs/bert.py:tiny --cpu [--meshes 8x1,4x2] \\
+        [--measure] [--steps 10] [--warmup 2]
 
 For a TPU slice every candidate (data x model split, weight-update sharding / FSDP /
 replicated optimizer, microbatches, rematerialisation where the config has it) is
@@ -17,6 +19,11 @@ the compiler does not see) give time to train, chip-hours and dollars. A candida
 fails to compile is a row with its error; the plan goes on. Clusters without a compiler
 here (GPU clusters, parallel/hardware.py) are planned from the FLOPs and bytes of a
 reference TPU compile with the analytic model alone.
+
+`--cpu` plans this process's fake CPU devices instead (data x model splits of all of
+them), each candidate compiled by XLA:CPU and predicted from its FLOPs, bytes and
+collectives at rates measured on this host (`mlperf.planning.cpu_check`); `--measure`
+also times the compiled steps and prints predicted / measured and the ranking agreement.
 """
 
 from __future__ import annotations
@@ -62,6 +69,15 @@ def _define_flags() -> dict[str, Any]:
             ["float32", "bfloat16", "float16"],
             "Gradient all-reduce precision (default: the config's parallel.grad_reduce_dtype).",
         ),
+        "cpu": flags.DEFINE_bool(
+            "cpu", False, "Plan this process's CPU devices (data x model splits of them all)."
+        ),
+        "meshes": flags.DEFINE_string(
+            "meshes", "", "--cpu: DATAxMODEL candidates, e.g. 8x1,4x2 (default: every split)."
+        ),
+        "measure": flags.DEFINE_bool("measure", False, "--cpu: also time real steps."),
+        "steps": flags.DEFINE_integer("steps", 10, "--cpu --measure: timed steps (median)."),
+        "warmup": flags.DEFINE_integer("warmup", 2, "--cpu --measure: untimed steps first."),
         "json": flags.DEFINE_bool("json", False, "Print JSON instead of a table."),
         "plot": flags.DEFINE_string("plot", "", "Write a PNG: step time and memory per candidate."),
     }
@@ -126,6 +142,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07 (or --honesty).")
     if f["grad_dtype"]:
         config.parallel.grad_reduce_dtype = f["grad_dtype"]
+    if f["cpu"]:
+        _plan_cpu(config, f)
+        return
     if f["cluster"]:
         rows = plan_reports.cluster_scaling(config, f["cluster"], f["bpd"], f["micro"])
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.cluster_table(rows))
@@ -157,6 +176,29 @@ def main(argv: list[str]) -> None:
     print(json.dumps(rows, indent=2, default=str) if f["json"] else table(rows))
     if f["plot"]:
         plot(rows, f["plot"])
+
+
+def _plan_cpu(config, f: dict[str, Any]) -> None:
+    """--cpu: the candidates over this process's CPU devices, predicted (and measured)."""
+    import jax
+
+    from mlperf.planning.cpu_check import check_meshes, cpu_table, plan_cpu, report_header
+
+    devices = jax.devices()
+    if devices[0].platform != "cpu":
+        usage_error(f"--cpu plans CPU devices; this process has {devices[0].platform} ones.")
+    if f["steps"] < 1 or f["warmup"] < 0:
+        usage_error("--steps must be >= 1 and --warmup >= 0.")
+    try:
+        check_meshes(f["meshes"], len(devices), tuple(config.mesh.axes))
+    except ValueError as e:
+        usage_error(str(e))
+    result = plan_cpu(config, f["meshes"], f["measure"], f["steps"], f["warmup"], devices)
+    if f["json"]:
+        print(json.dumps(result, indent=2))
+        return
+    print(report_header(config, len(devices), " ".join(sys.argv[1:])))
+    print(cpu_table(result))
 
 
 if __name__ == "__main__":

@@ -87,13 +87,16 @@ def wire_bytes(op: str, result_bytes: int, group: int) -> float:
 def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
     """Counts collective ops (with result bytes and ring wire bytes per device) and
     gather/scatter ops in HLO text. Async pairs count once (the `-start` op); `-done`
-    ops are skipped. `reduce_scatter_as_all_reduce` counts the reduce-scatters that the
-    compiler rewrote as all-reduce + dynamic-slice (`sliced_all_reduces`); they are
-    still counted (and on the wire) as the all-reduces they are.
+    ops are skipped. `collective_group_devices` sums, over the collective ops, the devices
+    that meet in each op's group (a permute: its pair). `reduce_scatter_as_all_reduce`
+    counts the reduce-scatters that the compiler rewrote as all-reduce + dynamic-slice
+    (`sliced_all_reduces`); they are still counted (and on the wire) as the all-reduces
+    they are.
     """
     counts: Counter[str] = Counter()
     nbytes: Counter[str] = Counter()
     wire: Counter[str] = Counter()
+    group_devices = 0
     gather_scatter = 0
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
@@ -112,13 +115,16 @@ def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
                 type_text = "{}[{}]".format(*shapes[1]) if len(shapes) > 1 else type_text
             result = _shape_bytes(type_text)
             nbytes[base] += result
-            wire[base] += wire_bytes(base, result, replica_group_size(line))
+            group = replica_group_size(line)
+            wire[base] += wire_bytes(base, result, group)
+            group_devices += 2 if base == "collective-permute" else group
         elif base in ("gather", "scatter"):
             gather_scatter += 1
     return {
         "collectives": {name: int(counts[name]) for name in COLLECTIVES},
         "collective_bytes": {name: int(nbytes[name]) for name in COLLECTIVES},
         "collective_wire_bytes": {name: float(wire[name]) for name in COLLECTIVES},
+        "collective_group_devices": group_devices,
         "gather_scatter": gather_scatter,
         **sliced_all_reduces(hlo_text),
     }
