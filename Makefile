@@ -35,7 +35,7 @@ test: $(TEST_STAMP)
 # Multi-client runs and their failures (a missing or dead peer, the preflight gate),
 # checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly; SIGTERM on every
 # process of a 2x4 run; refused config changes, failed saves), BERT end-to-end + compliance,
-# the BERT-large compiles for v3:64x64 and v4:16x16x16, BERT from a pretrained checkpoint and
+# the BERT-large compiles for v3:64x64 and v4:16x16x16, a 100B BERT for v5p:16x16x16, BERT from a pretrained checkpoint and
 # Mask R-CNN from an ImageNet backbone (CI runs these).
 test-system: $(TEST_STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_aot_multipod.py \

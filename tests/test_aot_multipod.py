@@ -120,3 +120,22 @@ def test_the_scan_method_reads_one_layer_off_the_scanned_program():
     assert one == scan["compiler_step_s"] and two > one
     assert scan["estimated_step_s"] == pytest.approx(one + 5 * (two - one))
     assert scan["estimated_step_s"] > unrolled["estimated_step_s"]
+
+
+@pytest.mark.slow  # ~2 min, ~4.4 GB resident: the train step of a 116B-parameter BERT
+def test_a_100b_parameter_bert_compiles_for_a_4096_chip_v5p_slice():
+    """Past the MLPerf sizes: `configs/bert_scale.py:100b` (hidden 12288, 64 scanned and
+    rematerialised layers, FSDP over data=256, tensor parallelism 16) on v5p:16x16x16
+    fits the 95 GB per chip with no gather or scatter in the step."""
+    from configs.bert_scale import get_config as scale_config
+
+    report = inspect_config(scale_config("100b"), topology="v5p:16x16x16", layer_estimate=False)
+    assert report["devices"] == 4096 and report["mesh"] == {"data": 256, "model": 16}
+    assert 1.1e11 < report["params"] < 1.2e11
+    train = report["train"]
+    assert "error" not in train, train.get("error")
+    assert report["fits"]
+    # FSDP: parameters and optimizer state are split over all 4096 chips.
+    assert report["bytes_per_device"]["params"] < 1.2 * 4 * report["params"] / 4096
+    assert train["gather_scatter"] == 0
+    assert train["estimated_step_s"] > 0
