@@ -18,7 +18,6 @@ minutes on 2 CPU cores; `--no_tpu_estimates` skips them (CPU measurements only).
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from parallel import collectives, costmodel
+from parallel.host_rates import median_time
 from parallel.mesh import build_mesh
 
 XLA = "xla_psum"
@@ -41,16 +41,6 @@ def parse_size(text: str) -> int:
     if not number.isdigit() or int(number) <= 0:
         raise ValueError(f"message size {text!r}: use a positive number with K, M or G.")
     return int(number) * scale
-
-
-def _timed(fn, x, repeats: int) -> float:
-    jax.block_until_ready(fn(x))  # compile + warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(x))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _program(mesh, body):
@@ -71,8 +61,8 @@ def fit_link(mesh, repeats: int) -> tuple[float, float]:
     perm = [(i, (i + 1) % P) for i in range(P)]
     shift = _program(mesh, lambda v: jax.lax.ppermute(v, "x", perm))
     small, large = 4 << 10, 16 << 20
-    t_small = _timed(shift, _message(mesh, small), repeats)
-    t_large = _timed(shift, _message(mesh, large), repeats)
+    t_small = median_time(shift, _message(mesh, small), repeats)
+    t_large = median_time(shift, _message(mesh, large), repeats)
     beta = max((t_large - t_small) / (large - small), 1e-13)
     return max(t_small - small * beta, 1e-7), beta
 
@@ -141,7 +131,7 @@ def bench(
         alpha, beta = fit_link(mesh, repeats)
         for n_bytes in sizes:
             x = _message(mesh, n_bytes)
-            xla_s = _timed(_program(mesh, lambda v: jax.lax.psum(v, "x")), x, repeats)
+            xla_s = median_time(_program(mesh, lambda v: jax.lax.psum(v, "x")), x, repeats)
             rows.append(
                 {
                     "P": P,
@@ -163,7 +153,7 @@ def bench(
                 def body(v, algorithm=algorithm, chunks=chunks):
                     return collectives.all_reduce(v, "x", algorithm, chunks)
 
-                measured = _timed(_program(mesh, body), x, repeats)
+                measured = median_time(_program(mesh, body), x, repeats)
                 model = costmodel.collective_time(
                     "all_reduce", algorithm, P, n_bytes, alpha, beta, num_chunks=chunks
                 )

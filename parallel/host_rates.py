@@ -33,7 +33,8 @@ from parallel.aot import wire_bytes
 from parallel.mesh import build_mesh
 
 
-def _median_time(fn, x, repeats: int) -> float:
+def median_time(fn, x, repeats: int) -> float:
+    """Median seconds of `fn(x)` over `repeats` calls, after one compile/warm-up call."""
     jax.block_until_ready(fn(x))  # compile and warm up
     times = []
     for _ in range(repeats):
@@ -52,7 +53,7 @@ def measure_memory_bandwidth(
     median time."""
     x = jnp.ones((n_bytes // 4,), jnp.float32)
     fn = jax.jit(lambda v: jax.lax.fori_loop(0, passes, lambda i, u: u * 1.0001 + 1e-6, v))
-    seconds = _median_time(fn, x, repeats)
+    seconds = median_time(fn, x, repeats)
     moved = 2 * n_bytes * passes
     how = (
         f"{passes} passes of x*a+b over {n_bytes >> 20} MiB fp32 on one device, "
@@ -80,7 +81,7 @@ def measure_collective_rate(
         n = max(size // 4, 1)
         data = np.arange(P * n, dtype=np.float32).reshape(P * n) % 7
         x = jax.device_put(data, NamedSharding(mesh, spec))
-        points.append((wire_bytes("all-reduce", 4 * n, P), _median_time(fn, x, repeats)))
+        points.append((wire_bytes("all-reduce", 4 * n, P), median_time(fn, x, repeats)))
     (w0, t0), (w1, t1) = points
     rate = (w1 - w0) / max(t1 - t0, 1e-9)
     alpha = max(t0 - w0 / rate, 1e-7)
