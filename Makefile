@@ -30,7 +30,7 @@ run: $(STAMP)
 
 # The suite without the tests marked slow (long end-to-end runs; see test-slow).
 test: $(TEST_STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow" tests
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "not slow" tests
 
 # Multi-client runs and their failures (a missing or dead peer, the preflight gate),
 # checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly; SIGTERM on every
@@ -38,7 +38,7 @@ test: $(TEST_STAMP)
 # the BERT-large compiles for v3:64x64 and v4:16x16x16, a 100B BERT for v5p:16x16x16, BERT from a pretrained checkpoint and
 # Mask R-CNN from an ImageNet backbone (CI runs these).
 test-system: $(TEST_STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_aot_multipod.py \
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_aot_multipod.py \
 		tests/test_checkpoint_import.py tests/test_backbone_finetune.py tests/test_compilation_cache.py
 
 # The other slow tests CI runs (rows of docs/parallelism.md's techniques table and claims of
@@ -48,12 +48,12 @@ test-system: $(TEST_STAMP)
 CI_SLOW_TESTS := tests/test_ssd_spatial.py tests/test_maskrcnn_model.py tests/test_ssd_eval.py \
 	tests/test_plan.py tests/test_transformer_e2e.py
 test-ci-slow: $(TEST_STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow $(CI_SLOW_TESTS)
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow $(CI_SLOW_TESTS)
 
 # Every slow test: the above plus every model's tiny run to its target as a test (CI runs
 # those as `make quality`).
 test-slow: $(TEST_STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup -m slow tests
+	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow tests
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
