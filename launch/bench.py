@@ -23,7 +23,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import parse_flags, relax_cpu_collective_timeouts
+from launch.cli import parse_flags, relax_cpu_collective_timeouts, usage_error
 from mlperf.peak_flops import measure_matmul_peak
 from mlperf.validate import apply_mesh_override
 
@@ -209,8 +209,15 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("give --config (e.g. configs/bert.py:tiny) or 'collectives'.")
-    apply_mesh_override(config, _MESH.value)
-    r = bench_config(config, _STEPS.value, _REPEATS.value, [int(w) for w in _INPUT_WORKERS.value])
+    from mlperf.validate import ConfigError
+
+    try:
+        apply_mesh_override(config, _MESH.value)
+        r = bench_config(
+            config, _STEPS.value, _REPEATS.value, [int(w) for w in _INPUT_WORKERS.value]
+        )
+    except (ConfigError, FileNotFoundError) as e:  # bad input: one line, as launch.train
+        usage_error(str(e))
     if _JSON.value:
         print(json.dumps(r, indent=2))
         return

@@ -24,3 +24,12 @@ def test_bench_reports_step_and_input_rates_and_whether_input_keeps_up():
     # The verdict the command exits on (without --json: exit code 1 when it is False).
     assert r["input_keeps_up"] == (r["input_to_step_ratio"] >= 3.0)
     assert set(r["host_input_examples_per_s_by_workers"]) == {"0"}
+
+
+def test_a_missing_data_file_is_one_line_not_a_traceback(tmp_path):
+    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:wikitext"]
+    cmd += [f"--config.data.data_dir={tmp_path}", "--steps", "1", "--input_workers", "0"]
+    out = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert "multipod: error: WordPiece vocab file not found" in out.stderr
