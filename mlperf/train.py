@@ -52,9 +52,10 @@ from mlperf.validate import check_workdir
 from parallel.mesh import mesh_shape
 
 
-def _platform_name() -> str:
-    d = jax.devices()[0]
-    return f"{jax.device_count()}x{d.device_kind or d.platform}"
+def _platform_name(mesh) -> str:
+    """`<devices in the mesh>x<device kind>`, e.g. 8xcpu or 4096xTPU v4."""
+    d = mesh.devices.flat[0]
+    return f"{mesh.devices.size}x{d.device_kind or d.platform}"
 
 
 def run(
@@ -91,7 +92,7 @@ def run(
     check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
     # A pretrained checkpoint that does not fit the model fails here, before compiling.
     pretrained = None if resuming else trainer.pretrained()
-    log.submission_info(task.benchmark, _platform_name())
+    log.submission_info(task.benchmark, _platform_name(partitioner.mesh))
     log.event(keys.SEED, config.seed)
     log.event(keys.GLOBAL_BATCH_SIZE, phases[0].global_batch_size)
     log.hyperparameters(task.mllog_hparams(), task.mllog_metadata())
@@ -219,7 +220,7 @@ def run(
         train_loss=s.last_metrics.get("loss", float("nan")),
         eval=s.eval_metrics,
         mesh=mesh_shape(partitioner.mesh),
-        devices=jax.device_count(),
+        devices=partitioner.mesh.devices.size,
         platform=jax.devices()[0].platform,
         processes=jax.process_count(),
         params=param_count(trainer.layout),

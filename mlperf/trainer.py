@@ -28,9 +28,9 @@ from mlperf.train_state import (
     load_params,
     stacked_leaves,
 )
-from mlperf.validate import check_cache_dir, validate
+from mlperf.validate import ConfigError, check_cache_dir, validate
 from parallel.data_parallel import GradReduction
-from parallel.mesh import build_mesh
+from parallel.mesh import MeshShapeError, build_mesh, select_devices
 from parallel.partition import Partitioner
 from parallel.rules import rules_from_config
 
@@ -114,6 +114,10 @@ def build_partitioner(config, devices=None) -> Partitioner:
 def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     """Validates the config, builds mesh, data (cached) and the sharded state layout."""
     devices = list(jax.devices() if devices is None else devices)
+    try:
+        devices = select_devices(devices, config.mesh.get("num_devices", 0))
+    except MeshShapeError as e:
+        raise ConfigError(str(e)) from None
     validate(config, len(devices))
     if prepare_data:
         check_cache_dir(config)

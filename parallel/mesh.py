@@ -83,6 +83,26 @@ def resolve_mesh_shape(
     return resolve_shape(ici_shape, num_devices // slices, f"{prefix}ici_shape"), dcn
 
 
+def select_devices(devices: Sequence[jax.Device], num_devices: int) -> list[jax.Device]:
+    """The devices a run's mesh uses: all of `devices` (num_devices=0) or the first
+    `num_devices` of them, which only a single-process run may ask for (every process of
+    a multi-process run must hold part of the mesh)."""
+    devices = list(devices)
+    if num_devices == 0 or num_devices == len(devices):
+        return devices
+    if num_devices < 0 or num_devices > len(devices):
+        raise MeshShapeError(
+            f"mesh.num_devices={num_devices}, but {len(devices)} devices are available; "
+            f"use 0 (all) or a count from 1 to {len(devices)}."
+        )
+    if jax.process_count() > 1:
+        raise MeshShapeError(
+            f"mesh.num_devices={num_devices} uses part of the devices, which a run of "
+            f"{jax.process_count()} processes cannot; set mesh.num_devices=0."
+        )
+    return devices[:num_devices]
+
+
 def build_mesh(
     axes: Sequence[str],
     ici_shape: Sequence[int],

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from parallel.mesh import MeshShapeError, build_mesh, resolve_shape
+from parallel.mesh import MeshShapeError, build_mesh, resolve_shape, select_devices
 from parallel.partition import Partitioner
 from parallel.rules import DEFAULT_RULES, SPATIAL_RULES, logical_to_spec, rules_from_config
 
@@ -129,3 +129,27 @@ def test_config_mesh_sizes_are_the_sizes_of_the_built_mesh(devices):
     c.mesh.ici_shape = (-1, 2)
     mesh = build_mesh(c.mesh.axes, c.mesh.ici_shape, c.mesh.dcn_shape, devices)
     assert mesh_sizes(c, len(devices)) == dict(mesh.shape) == {"data": 4, "model": 2}
+
+
+def test_select_devices_takes_all_or_the_first_n(devices):
+    assert select_devices(devices, 0) == list(devices)
+    assert select_devices(devices, 8) == list(devices)
+    assert select_devices(devices, 2) == list(devices[:2])
+    for bad in (-1, 9):
+        with pytest.raises(MeshShapeError, match=f"mesh.num_devices={bad}, but 8 devices"):
+            select_devices(devices, bad)
+
+
+def test_a_trainer_with_num_devices_builds_its_mesh_on_those_devices(devices):
+    from conftest import small_bert_config
+
+    from mlperf.trainer import build_trainer
+    from mlperf.validate import ConfigError
+
+    config = small_bert_config(**{"mesh.ici_shape": (-1, 1), "mesh.num_devices": 1})
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    assert dict(trainer.partitioner.mesh.shape) == {"data": 1, "model": 1}
+    assert list(trainer.partitioner.mesh.devices.flat) == [devices[0]]
+    config = small_bert_config(**{"mesh.num_devices": 16})
+    with pytest.raises(ConfigError, match="mesh.num_devices=16, but 8 devices are available"):
+        build_trainer(config, devices=devices, prepare_data=False)

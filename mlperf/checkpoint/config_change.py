@@ -37,6 +37,7 @@ TRAJECTORY_NEUTRAL = (
     "mesh.axes",
     "mesh.ici_shape",
     "mesh.dcn_shape",
+    "mesh.num_devices",
     "parallel.weight_update_sharding",
     "parallel.fsdp",
     "parallel.grad_allreduce",
