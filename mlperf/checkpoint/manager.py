@@ -199,6 +199,10 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=pp.AnyPreservationPolicy(policies),
             enable_async_checkpointing=cfg.async_save,
+            # The step directory is created in save() itself: a directory that became
+            # unwritable since _check_room's probe fails there, in one line, instead of
+            # in orbax's background thread, which surfaces it only at its timeout.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             # Leftover temporary directories of a killed writer are removed on start
             # (not by a reader such as launch.export, which may run beside the writer).
             cleanup_tmp_directories=not read_only,
