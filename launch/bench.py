@@ -25,7 +25,7 @@ from ml_collections import config_flags
 
 from launch.cli import parse_flags, relax_cpu_collective_timeouts, usage_error
 from mlperf.peak_flops import measure_matmul_peak
-from mlperf.validate import apply_mesh_override
+from mlperf.validate import ConfigError, apply_mesh_override
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
@@ -209,8 +209,6 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("give --config (e.g. configs/bert.py:tiny) or 'collectives'.")
-    from mlperf.validate import ConfigError
-
     try:
         apply_mesh_override(config, _MESH.value)
         r = bench_config(
