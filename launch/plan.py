@@ -8,6 +8,8 @@
         --config.data.seq_length=128
     python -m launch.plan --honesty
     python -m launch.plan --seed_study
+    python -m launch.plan --scale_study [--points 100b/v4:16x16x16/16/fsdp;...] \\
+        [--budget_s 900] [--cache_dir /tmp/multipod-scale-study]
     python -m launch.plan --config configs/bert.py:tiny --cpu [--meshes 8x1,4x2] \\
         [--measure] [--steps 10] [--warmup 2]
 
@@ -61,6 +63,15 @@ def _define_flags() -> dict[str, Any]:
         "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
         "seed_study": flags.DEFINE_bool(
             "seed_study", False, "The seed paper's T4-cluster study (Lin et al.) from the model."
+        ),
+        "scale_study": flags.DEFINE_bool(
+            "scale_study", False, "COMET's study: 10B/100B/1T BERT over splits on 4096 chips."
+        ),
+        "points": flags.DEFINE_string(
+            "points", "", "--scale_study: size/topology/model[/mode];... (default: the study)."
+        ),
+        "cache": flags.DEFINE_string(
+            "cache_dir", "/tmp/multipod-scale-study", "--scale_study: per-point row cache."
         ),
         "proxy": flags.DEFINE_string("proxy", "", "--honesty: per-core proxy slice, e.g. v3:4x4."),
         "grad_dtype": flags.DEFINE_enum(
@@ -131,6 +142,9 @@ def main(argv: list[str]) -> None:
         rows = plan_reports.honesty_rows(f["proxy"])
         print(json.dumps(rows, indent=2) if f["json"] else plan_reports.honesty_table(rows))
         return
+    if f["scale_study"]:
+        _scale_study(f)
+        return
     config = f["config"]
     if f["seed_study"]:
         from mlperf.planning.seed_study import seed_study, seed_study_text
@@ -176,6 +190,18 @@ def main(argv: list[str]) -> None:
     print(json.dumps(rows, indent=2, default=str) if f["json"] else table(rows))
     if f["plot"]:
         plot(rows, f["plot"])
+
+
+def _scale_study(f: dict[str, Any]) -> None:
+    """--scale_study: the 10B/100B/1T points (or --points), compiled or from the cache."""
+    from mlperf.planning.scale_study import DEFAULT_POINTS, parse_points, run_study, study_text
+
+    try:
+        points = parse_points(f["points"]) if f["points"] else DEFAULT_POINTS
+    except ValueError as e:
+        usage_error(str(e))
+    rows = run_study(points, f["cache"] or None, f["budget"])
+    print(json.dumps(rows, indent=2, default=str) if f["json"] else study_text(rows))
 
 
 def _plan_cpu(config, f: dict[str, Any]) -> None:

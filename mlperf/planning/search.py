@@ -189,6 +189,19 @@ def depth_extrapolated(config, topology: str, slices: int) -> dict[str, Any]:
     return out
 
 
+def analytic_flops_per_step(config) -> float | None:
+    """The task's analytic training FLOPs of one global batch of the first phase (what
+    MFU counts), or None when the task cannot say."""
+    from mlperf.tasks import get_task
+
+    try:
+        task = get_task(config)
+        phase = task.phases()[0]
+        return task.flops_per_example(phase) * phase.global_batch_size
+    except Exception:  # a config without a task: the row simply has no MFU
+        return None
+
+
 def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
     """Compiles one candidate and models its step; failures become a row with `error`.
 
@@ -276,6 +289,11 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
     steps = steps_to_target(config)
     price = what_if.get("price") or chip.price_per_hour
     ttt = steps * step.total_s
+    analytic = analytic_flops_per_step(config)
+    if analytic:  # MFU counts the model's FLOPs, not what remat or padding adds
+        row["mfu"] = analytic / (row["chips"] * chip.peak_flops * step.total_s)
+        compiled = step_fields["flops_per_device"] * len(topo.devices) * slices
+        row["flops_vs_analytic"] = compiled / analytic
     row.update(
         grad_reduce_dtype=grad_dtype,
         step_s=step.total_s,
@@ -337,17 +355,21 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1e6:.3g} us"
 
 
+def _fmt_pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """A markdown table of the ranked candidates."""
     head = (
-        "| # | candidate | mem/device | fits | step | compute | HBM | comm | compiler "
-        "| time to train | chip-h | $ | scaling eff. |"
+        "| # | candidate | mem/device | fits | step | compute | HBM | comm | DCN | compiler "
+        "| MFU | time to train | chip-h | $ | scaling eff. |"
     )
-    lines = [head, "|" + "---|" * 13]
+    lines = [head, "|" + "---|" * 15]
     for i, r in enumerate(rows, 1):
         if "error" in r or "skipped" in r:
             why = f"failed: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
-            lines.append(f"| {i} | {r['candidate']} | {why} |" + " |" * 10)
+            lines.append(f"| {i} | {r['candidate']} | {why} |" + " |" * 12)
             continue
         mem = r.get("memory_per_device")
         mem_txt = "-" if mem is None else f"{mem / (1 << 30):.2f} GiB"
@@ -360,7 +382,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {i} | {r['candidate']} | {mem_txt} | {fits} | {_fmt_s(r['step_s'])} | "
             f"{_fmt_s(r['compute_s'])} | {_fmt_s(r['memory_s'])} | {_fmt_s(r['comm_s'])} | "
-            f"{_fmt_s(r['compiler_s'])} | {_fmt_s(r['time_to_train_s'])} | "
+            f"{_fmt_s(r['dcn_s'] or None)} | {_fmt_s(r['compiler_s'])} | "
+            f"{_fmt_pct(r.get('mfu'))} | {_fmt_s(r['time_to_train_s'])} | "
             f"{r['chip_hours']:.3g} | {r['cost_usd']:.3g} | {r['scaling_efficiency']:.2f} |"
         )
     return "\n".join(lines)
