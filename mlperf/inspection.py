@@ -99,6 +99,8 @@ def _step_report(
         "collectives": stats["collectives"],
         "collective_bytes": stats["collective_bytes"],
         "collective_wire_bytes": stats["collective_wire_bytes"],
+        # Every collective the step runs (loop bodies times their trip counts).
+        "wire_bytes_per_device": stats["wire_bytes"],
         # The program as written (what einsum_gather controls) and after the backend's
         # passes (CPU turns max-pool gradients into scatters; TPU keeps them native).
         "gather_scatter": stats["gather_scatter"],
@@ -143,7 +145,9 @@ def _step_report(
     return report
 
 
-def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
+def _layer_estimate(
+    config, devices, train: dict[str, Any], peak_flops: float | None = None
+) -> None:
     """The step-time estimate of a scanned layer stack (`model.scan_layers`), from the
     TPU compiler's estimates of the same step with 1 and 2 unrolled layers, extrapolated
     linearly to the config's depth: est(1) + (L - 1) (est(2) - est(1)).
@@ -155,10 +159,10 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
     Adds the two estimates and the extrapolation to `train`.
     """
     from mlperf.trainer import build_trainer
-    from parallel.aot import cost_analysis
+    from parallel.aot import compiled_stats
 
     layers = int(config.model.num_layers)
-    estimates = []
+    estimates, points = [], []
     for n in (1, 2):
         c = config.copy_and_resolve_references()
         c.model.update(num_layers=n, scan_layers=False)
@@ -167,10 +171,26 @@ def _layer_estimate(config, devices, train: dict[str, Any]) -> None:
         if compiled is None:
             train["layer_estimate_error"] = (error or "").splitlines()[0][:300]
             return
-        estimates.append(float(cost_analysis(compiled).get("optimal_seconds", -1.0)))
-        if estimates[-1] <= 0:  # see _step_report: no usable compiler estimate
-            train["layer_estimate_error"] = f"compiler estimate {estimates[-1]} s is unusable"
-            return
+        stats = compiled_stats(compiled)
+        points.append(
+            {
+                "flops_per_device": stats["flops"],
+                "bytes_accessed_per_device": stats["bytes_accessed"],
+                "wire_bytes": stats["wire_bytes"],
+            }
+        )
+        estimate = float(stats.get("optimal_seconds", -1.0))
+        if estimate > 0 and peak_flops:  # loops the estimate saw once (windowed einsums)
+            estimate += (stats["flops"] - stats["flops_loops_once"]) / peak_flops
+        estimates.append(estimate)
+    # The same costs for the whole depth: XLA's cost analysis sees the scanned program's
+    # loop body once, so the planner takes a scanned stack's HBM bytes from here.
+    train["layer_extrapolated"] = {
+        k: points[0][k] + (layers - 1) * (points[1][k] - points[0][k]) for k in points[0]
+    }
+    if min(estimates) <= 0:  # see _step_report: no usable compiler estimate
+        train["layer_estimate_error"] = f"compiler estimate {min(estimates)} s is unusable"
+        return
     per_layer = estimates[1] - estimates[0]
     train["layer_step_s"] = per_layer
     train["unrolled_1_2_layer_step_s"] = estimates
@@ -320,11 +340,11 @@ def inspect_config(
     if profile and compiled_train[1] is not None:
         train["profile"] = profile_step(compiled_train[1].as_text(), topo, profile)
     scanned = bool(config.model.get("scan_layers", False)) and config.model.num_layers > 2
-    if layer_estimate and scanned and "compiler_step_s" in train:
-        if layer_estimate == "scan":
+    if layer_estimate and scanned and "flops_per_device" in train:
+        if layer_estimate != "scan":
+            _layer_estimate(config, devices, train, peak)
+        elif "compiler_step_s" in train:
             _scan_layer_estimate(config, devices, train)
-        else:
-            _layer_estimate(config, devices, train)
     logging.info("train step: %s", json.dumps(train))  # kept if the eval compile never ends
     params_b, opt_b = bytes_per_device(state["params"]), bytes_per_device(state["opt_state"])
     mem = train.get("memory", {})

@@ -271,7 +271,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     step = costmodel.tpu_step_time(
         flops=train["flops_per_device"],
         bytes_accessed=train["bytes_accessed_per_device"],
-        wire_bytes=sum(wire.values()),
+        wire_bytes=train.get("wire_bytes_per_device", sum(wire.values())),
         compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
         peak_flops=chip.peak_flops / per_chip,
         hbm_bandwidth=chip.hbm_bandwidth / per_chip,

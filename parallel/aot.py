@@ -296,6 +296,7 @@ def compiled_stats(compiled: Any, lowered: Any = None) -> dict[str, Any]:
     stats["flops"] = hlo_flops(text)
     stats["matmul_flops"] = hlo_flops(text, matmul_only=True)
     stats["flops_loops_once"] = hlo_flops(text, loops_once=True)
+    stats["wire_bytes"] = hlo_wire_bytes(text)
     stats["flops_cost_analysis"] = float(cost.get("flops", 0.0))
     stats["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
     if "optimal_seconds" in cost:
@@ -393,8 +394,32 @@ def _trip_count(instr: dict, comps: dict[str, list[dict]], defs: dict[str, dict]
         if first is not None and first["op"] == "constant":
             start = int(re.search(r"constant\((-?\d+)\)", first["text"]).group(1))
     direction = _attr(root["text"], "direction")
-    trips = {"LT": limit - start, "LE": limit - start + 1, "NE": limit - start}.get(direction, 1)
-    return max(trips, 0)
+    span = {"LT": limit - start, "LE": limit - start + 1, "NE": limit - start}.get(direction, 1)
+    step = _loop_step(comps.get(_attr(instr["text"], "body") or "", []), index)
+    return max(-(-span // step), 0)
+
+
+def _loop_step(body: list[dict], index: re.Match | None) -> int:
+    """How much a while body adds to its induction variable (tuple element `index`) per
+    iteration: the constant of `add(i, c)` feeding that element of the body's root
+    tuple, else 1. XLA's bidirectional windowed einsums (collective matmuls) step by 2."""
+    root = next((i for i in body if i["root"]), None)
+    if index is None or root is None or root["op"] != "tuple":
+        return 1
+    k = int(index.group(1))
+    if k >= len(root["operands"]):
+        return 1
+    defs = {i["name"]: i for i in body}
+    update = defs.get(root["operands"][k])
+    if update is None or update["op"] != "add":
+        return 1
+    for name in update["operands"]:
+        const = defs.get(name)
+        if const is not None and const["op"] == "constant":
+            value = re.search(r"constant\((-?\d+)\)", const["text"])
+            if value and int(value.group(1)) > 0:
+                return int(value.group(1))
+    return 1
 
 
 def _instr_flops(instr: dict, defs: dict[str, dict], matmul_only: bool) -> float:
@@ -486,12 +511,42 @@ def hlo_flops(hlo_text: str, matmul_only: bool = False, loops_once: bool = False
     """FLOPs of one execution of the HLO module, each while body times its trip count
     (only dots and convolutions with `matmul_only`; each body once with `loops_once`,
     as XLA's cost analysis and step-time estimate see it)."""
+    return _hlo_sum(
+        hlo_text, lambda instr, defs: _instr_flops(instr, defs, matmul_only), loops_once
+    )
+
+
+def hlo_wire_bytes(hlo_text: str, loops_once: bool = False) -> float:
+    """Ring wire bytes per device of every collective one execution of the module runs,
+    each while body times its trip count: a scanned layer stack's per-layer collectives
+    and a windowed einsum's permutes run once per iteration, where `hlo_op_stats`, like
+    XLA's cost analysis, sees them once."""
+
+    def wire(instr: dict, defs: dict[str, dict]) -> float:
+        del defs
+        op = instr["op"]
+        base = op[: -len("-start")] if op.endswith("-start") else op
+        if base not in COLLECTIVES or op.endswith("-done"):
+            return 0.0
+        type_text = instr["type"]
+        if op.endswith("-start") and type_text.startswith("("):
+            shapes = _SHAPE.findall(type_text)  # (operand, result[, context]): the result
+            type_text = "{}[{}]".format(*shapes[1]) if len(shapes) > 1 else type_text
+        return wire_bytes(base, _shape_bytes(type_text), replica_group_size(instr["text"]))
+
+    return _hlo_sum(hlo_text, wire, loops_once)
+
+
+def _hlo_sum(hlo_text: str, value, loops_once: bool) -> float:
+    """Sum of `value(instr, defs)` over one execution of the HLO module: called
+    computations (fusions, calls, async starts) once per call, while bodies times their
+    trip counts (once with `loops_once`), a conditional's costliest branch."""
     comps, entry = _parse_computations(hlo_text)
     if entry is None:
         return 0.0
     memo: dict[str, float] = {}
 
-    def flops(name: str) -> float:
+    def total_of(name: str) -> float:
         if name in memo:
             return memo[name]
         memo[name] = 0.0  # guards against (impossible) recursion
@@ -503,17 +558,17 @@ def hlo_flops(hlo_text: str, matmul_only: bool = False, loops_once: bool = False
             if op == "while":
                 body = _attr(instr["text"], "body")
                 trips = 1 if loops_once else _trip_count(instr, comps, defs)
-                total += trips * flops(body or "")
+                total += trips * total_of(body or "")
             elif op in ("fusion", "call") or op.endswith("-start") and "calls=" in instr["text"]:
                 called = _attr(instr["text"], "calls") or _attr(instr["text"], "to_apply")
-                total += flops(called or "")
+                total += total_of(called or "")
             elif op == "conditional":
                 branch_text = _attr(instr["text"], "branch_computations") or ""
                 branches = re.findall(r"%([\w.\-]+)", branch_text)
-                total += max((flops(b) for b in branches), default=0.0)
+                total += max((total_of(b) for b in branches), default=0.0)
             else:
-                total += _instr_flops(instr, defs, matmul_only)
+                total += value(instr, defs)
         memo[name] = total
         return total
 
-    return flops(entry)
+    return total_of(entry)

@@ -148,6 +148,34 @@ def test_loop_flops_multiply_the_body_by_the_induction_variable_trip_count():
     assert hlo_flops(LOOP_HLO) == 4 * (dot + 1)  # + the counter's add
 
 
+# A bidirectional windowed einsum as libtpu emits it: `i < 8` stepping by 2 runs 4 times,
+# each iteration a dot and a collective permute of its half-chunk.
+STEPPED_LOOP_HLO = (
+    LOOP_HLO.replace("%one = s32[] constant(1)", "%one = s32[] constant(2)")
+    .replace("%five = s32[] constant(5)", "%five = s32[] constant(8)")
+    .replace("%start = s32[] constant(1)", "%start = s32[] constant(0)")
+    .replace(
+        "ROOT %t = (s32[], f32[8,16]) tuple(%n, %d)",
+        "%cp = f32[8,16]{1,0} collective-permute(%d), source_target_pairs={{0,1},{1,0}}\n"
+        "  ROOT %t = (s32[], f32[8,16]) tuple(%n, %cp)",
+    )
+)
+
+
+def test_a_loop_stepping_by_two_runs_half_the_bound_and_its_permutes_count_per_trip():
+    """The trip count reads the induction variable's step (counting `i < 8` as 8 trips
+    doubled a 100B BERT's FLOPs on 4096 chips), and wire bytes count every trip."""
+    from parallel.aot import hlo_flops, hlo_op_stats, hlo_wire_bytes
+
+    dot = 2 * 8 * 16 * 16
+    assert hlo_flops(STEPPED_LOOP_HLO, matmul_only=True) == 4 * dot
+    once = sum(hlo_op_stats(STEPPED_LOOP_HLO)["collective_wire_bytes"].values())
+    assert once == 8 * 16 * 4  # one permute of an f32[8,16], seen once
+    assert hlo_wire_bytes(STEPPED_LOOP_HLO) == 4 * once
+    assert hlo_wire_bytes(STEPPED_LOOP_HLO, loops_once=True) == once
+    assert hlo_wire_bytes(LOOP_HLO) == 0.0
+
+
 def test_scan_flops_equal_the_unrolled_count():
     import jax
     import jax.numpy as jnp

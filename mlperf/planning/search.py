@@ -149,13 +149,22 @@ def _step_fields(report: dict[str, Any]) -> dict[str, float] | None:
     train = report["train"]
     if "flops_per_device" not in train or report["bytes_per_device"]["total"] is None:
         return None
-    return {
+    fields = {
         "flops_per_device": train["flops_per_device"],
         "bytes_accessed_per_device": train["bytes_accessed_per_device"],
-        "wire_bytes": sum(train["collective_wire_bytes"].values()),
+        "wire_bytes": train.get(
+            "wire_bytes_per_device", sum(train["collective_wire_bytes"].values())
+        ),
         "step_s": train.get("estimated_step_s"),
         "memory": report["bytes_per_device"]["total"],
     }
+    # A scanned layer stack: XLA's cost analysis counts a loop body's HBM bytes once, so
+    # they come from the unrolled 1- and 2-layer compiles extrapolated to the depth
+    # (FLOPs and wire bytes are counted per trip in the scanned program itself).
+    extrapolated = train.get("layer_extrapolated", {})
+    if "bytes_accessed_per_device" in extrapolated:
+        fields["bytes_accessed_per_device"] = extrapolated["bytes_accessed_per_device"]
+    return fields
 
 
 def depth_extrapolated(config, topology: str, slices: int) -> dict[str, Any]:
@@ -178,10 +187,13 @@ def depth_extrapolated(config, topology: str, slices: int) -> dict[str, Any]:
         if fields is None or fields["step_s"] is None:
             why = report["train"].get("error", "no compiler estimate")
             raise ValueError(f"the {n}-layer compile gives no estimate: {why}")
-        points.append(fields)
+        points.append({**fields, "compiler": "compiler_step_s" in report["train"]})
     out: dict[str, Any] = {
         k: points[0][k] + (layers - 1) * (points[1][k] - points[0][k]) for k in _STEP_FIELDS
     }
+    # A step estimate from the compiler (v3, v5p), or the roofline that stands in for an
+    # unusable one (v4, v5e, v6e), which has no collectives in it.
+    out["compiler_estimate"] = all(p["compiler"] for p in points)
     out["memory_1_2_layers"] = [p["memory"] for p in points]
     out["estimate_method"] = (
         f"out of HBM as compiled: 1- and 2-layer compiles extrapolated to {layers} layers"
@@ -246,7 +258,12 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
             row.update(fits=False, note=f"compiler: out of HBM ({str(e).splitlines()[0][:200]})")
             return row
         row["estimate_method"] = step_fields["estimate_method"]
-        compiler_s = step_fields["step_s"]
+        compiler_s = step_fields["step_s"] if step_fields["compiler_estimate"] else None
+        if train.get("oom_used_bytes") or train.get("oom_temp_bytes"):
+            # What the compiler said the full program needs (state + temporaries) beats a
+            # linear extrapolation of unrolled programs, whose buffers do not scale so.
+            step_fields["memory"] = report["bytes_per_device"]["total"]
+            row["estimate_method"] += "; memory: the compiler's out-of-HBM figure"
     elif step_fields is None:
         row["error"] = "the compiled step has no memory or cost analysis"
         return row
