@@ -234,19 +234,24 @@ def test_honesty_row_for_bert_on_a_per_core_proxy():
 
 
 def test_a_candidate_out_of_hbm_gets_a_step_time_and_fits_at_a_larger_scale():
-    """Six scanned 4096-wide layers with replicated f32 Adam state need about 19 GiB per
-    v3 core (16 GiB): the full compile runs out of HBM, so the planner extrapolates 1- and
-    2-layer compiles, reports the need and the scale it fits at; planned at 2x HBM the
-    candidate fits, gets a step time and ranks with the fitting candidates."""
+    """Six scanned 4096-wide layers with replicated f32 Adam state need about 35 GiB per
+    v3 core (16 GiB) by the compiler's out-of-HBM message: the planner extrapolates the
+    step's costs from 1- and 2-layer compiles, reports the need and the scale it fits at;
+    planned at 3x HBM the candidate fits, gets a step time and ranks with the fitting
+    candidates."""
     config = small_bert_config(
         **{"model.hidden_size": 4096, "model.mlp_dim": 16384, "model.num_heads": 32,
            "model.num_layers": 6, "model.scan_layers": True}
     )  # fmt: skip
     cand = plan.Candidate("v3:2x2", 1, "replicated", 1, remat=False)
-    grown = plan.evaluate(config, cand, {"hbm_scale": 2.0})
+    grown = plan.evaluate(config, cand, {"hbm_scale": 3.0})
     assert "out of HBM as compiled" in grown["estimate_method"], grown  # at the real 16 GiB
-    assert 1.0 < grown["min_hbm_scale"] < 2.0 and grown["fits"] is True
+    assert "memory: the compiler's out-of-HBM figure" in grown["estimate_method"]
+    assert 1.0 < grown["min_hbm_scale"] < 3.0 and grown["fits"] is True
     assert grown["step_s"] > 0 and grown["compute_s"] > 0
+    # MFU counts the task's analytic FLOPs; the compiled ones are within 2x of them.
+    assert 0.0 < grown["mfu"] < 1.0 and 0.5 < grown["flops_vs_analytic"] < 2.0
+    assert grown["compiler_s"] is not None  # v3's own estimate, not a roofline
     assert grown["memory_per_device"] == pytest.approx(grown["min_hbm_scale"] * (16 << 30))
     assert "more than the real 16 GiB" in grown["note"]
     # The same row at the real capacity: does not fit, says the scale it needs.

@@ -31,9 +31,11 @@ def test_points_parse_and_bad_points_name_the_form():
         study.StudyPoint("100b", "v4:16x16x16", 16, "wus"),
         study.StudyPoint("1t", "v5p:16x16x16", 64, "fsdp"),
     )
-    for bad in ("2t/v4:16x16x16/16", "100b/v4:16x16x16/x", "100b/v4/16/zero3", "100b/v4/0", ";"):
+    for bad in ("2t/v4:16x16x16/16", "100b/v4:16x16x16/x", "100b/v4/16/zero3", "100b/v4/0"):
         with pytest.raises(ValueError, match="size/topology/model"):
             study.parse_points(bad)
+    with pytest.raises(ValueError, match="no scale-study points given"):
+        study.parse_points(" ; ")
     # The default study sweeps the 100B model's tensor parallelism up to 256 on v4.
     v4 = {p.model for p in study.DEFAULT_POINTS if (p.size, p.topology) == ("100b", "v4:16x16x16")}
     assert {4, 8, 16, 32, 64, 128, 256} <= v4
