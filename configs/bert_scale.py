@@ -2,9 +2,10 @@
 
 Sizes (parameters of the encoder stack, 12 x layers x hidden^2, plus embeddings):
 10b (hidden 4096, 48 layers, 9.7B), 100b (hidden 12288, 64 layers, 116B), 1t (hidden
-24576, 128 layers, 0.93T). Heads are 128 wide and the MLP is 4 x hidden, as in BERT.
-Each is the `mlperf_v07` BERT run (data format, LAMB, bfloat16 compute) with what a
-model this size needs: scanned layers with rematerialisation, FSDP (parameters,
+32768, 80 layers, 1.03T). Heads are 128 wide (32, 96 and 256 of them: tensor parallelism
+must divide the heads, so 256-way splits need the 1t model) and the MLP is 4 x hidden,
+as in BERT. Each is the `mlperf_v07` BERT run (data format, LAMB, bfloat16 compute) with
+what a model this size needs: scanned layers with rematerialisation, FSDP (parameters,
 gradients and optimizer state sharded over `data`) and tensor parallelism over `model`
 (the default degree divides the heads and the padded vocabulary). These configs are for
 `launch.inspect` and `launch.plan` on TPU slices; nothing here has been trained.
@@ -16,7 +17,7 @@ from configs.bert import get_config as bert_config
 SIZES = {
     "10b": (4096, 48, 8),
     "100b": (12288, 64, 16),
-    "1t": (24576, 128, 64),
+    "1t": (32768, 80, 64),
 }
 HEAD_DIM = 128
 
@@ -37,6 +38,10 @@ def get_config(arg: str):
         remat=True,
         remat_policy="dots_no_batch",
     )
+    if arg == "1t":
+        # The 30,522-word vocabulary padded to a multiple of 256 (mlperf_v07 pads to 64),
+        # so the embedding and MLM head split over a model axis of up to 256.
+        c.model.vocab_size = 30720
     c.parallel.fsdp = True
     c.mesh.ici_shape = (-1, model_parallel)
     # 4096 sequences of 512 tokens (2M tokens) per step: a batch that splits over the

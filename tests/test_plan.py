@@ -78,6 +78,14 @@ def test_apply_candidate_sets_mesh_and_sharding_mode():
     assert c.parallel.fsdp and c.parallel.weight_update_sharding and c.train.microbatches == 2
 
 
+def test_a_tensor_parallel_degree_that_does_not_divide_the_heads_is_an_error_row():
+    """4 heads do not split 8 ways: a row naming the heads, before any compile."""
+    with pytest.raises(ValueError, match="does not divide the 4 attention heads"):
+        plan.apply_candidate(small_bert_config(), plan.Candidate("v3:2x2", 8, "fsdp", 1), 8)
+    row = plan.evaluate(small_bert_config(), plan.Candidate("v3:2x2", 8, "fsdp", 1), {})
+    assert row["error"].startswith("ValueError: model=8 does not divide the 4 attention heads")
+
+
 def test_steps_to_target_come_from_the_plan_fields():
     assert plan.steps_to_target(get_config("mlperf_v07")) == 560
     assert plan.steps_to_target(get_config("tiny")) == get_config("tiny").train.steps

@@ -36,9 +36,11 @@ def test_points_parse_and_bad_points_name_the_form():
             study.parse_points(bad)
     with pytest.raises(ValueError, match="no scale-study points given"):
         study.parse_points(" ; ")
-    # The default study sweeps the 100B model's tensor parallelism up to 256 on v4.
+    # The default study sweeps tensor parallelism over the degrees each size allows.
     v4 = {p.model for p in study.DEFAULT_POINTS if (p.size, p.topology) == ("100b", "v4:16x16x16")}
-    assert {4, 8, 16, 32, 64, 128, 256} <= v4
+    assert {4, 8, 16, 32} <= v4
+    one_t = {p.model for p in study.DEFAULT_POINTS if p.size == "1t"}
+    assert {64, 128, 256} <= one_t  # 256 heads: tensor parallelism up to 256
 
 
 def test_memory_expansion_finds_the_split_a_larger_hbm_makes_best():

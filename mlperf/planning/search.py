@@ -77,6 +77,12 @@ def apply_candidate(config, cand: Candidate, devices: int, slices: int = 1):
     other = next((a for a in axes if a != "data"), None)
     if other is None and cand.model > 1:
         raise ValueError(f"mesh.axes={axes} has no axis besides 'data' to split the model.")
+    heads = c.model.get("num_heads")
+    if other == "model" and heads and heads % cand.model:
+        raise ValueError(
+            f"model={cand.model} does not divide the {heads} attention heads; tensor "
+            "parallelism needs a degree that divides them."
+        )
     sizes = {a: 1 for a in axes}
     sizes["data"] = devices // cand.model
     if other is not None:
