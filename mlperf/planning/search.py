@@ -207,17 +207,14 @@ def depth_extrapolated(config, topology: str, slices: int) -> dict[str, Any]:
     return out
 
 
-def analytic_flops_per_step(config) -> float | None:
+def analytic_flops_per_step(config) -> float:
     """The task's analytic training FLOPs of one global batch of the first phase (what
-    MFU counts), or None when the task cannot say."""
+    MFU counts)."""
     from mlperf.tasks import get_task
 
-    try:
-        task = get_task(config)
-        phase = task.phases()[0]
-        return task.flops_per_example(phase) * phase.global_batch_size
-    except Exception:  # a config without a task: the row simply has no MFU
-        return None
+    task = get_task(config)
+    phase = task.phases()[0]
+    return task.flops_per_example(phase) * phase.global_batch_size
 
 
 def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
@@ -312,11 +309,11 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
     steps = steps_to_target(config)
     price = what_if.get("price") or chip.price_per_hour
     ttt = steps * step.total_s
+    # MFU counts the model's FLOPs, not what remat or padding adds.
     analytic = analytic_flops_per_step(config)
-    if analytic:  # MFU counts the model's FLOPs, not what remat or padding adds
-        row["mfu"] = analytic / (row["chips"] * chip.peak_flops * step.total_s)
-        compiled = step_fields["flops_per_device"] * len(topo.devices) * slices
-        row["flops_vs_analytic"] = compiled / analytic
+    row["mfu"] = analytic / (row["chips"] * chip.peak_flops * step.total_s)
+    compiled = step_fields["flops_per_device"] * len(topo.devices) * slices
+    row["flops_vs_analytic"] = compiled / analytic
     row.update(
         grad_reduce_dtype=grad_dtype,
         step_s=step.total_s,
