@@ -57,11 +57,11 @@ def test_memory_expansion_finds_the_split_a_larger_hbm_makes_best():
     assert entry["best"][1.0]["model"] == 16
     assert entry["best"][1.6]["model"] == 8 and entry["best"][2.0]["model"] == 8
     assert entry["gain"][1.6] == pytest.approx(1.3)
-    assert entry["spread"] == pytest.approx(2.0)  # 5.2 / 2.6, the fitting splits only
+    assert entry["spread"] == pytest.approx(5.2)  # 5.2 / 1.0, fitting or not
     text = study.study_text(rows)
     assert "| 100b | v4:16x16x16 | model=8 fsdp | 48.0 GiB | NO (x1.50) | 2,000 |" in text
     assert "| 100b | v4:16x16x16 | model=256 fsdp | failed: x |" in text
-    assert "| 1.30x / 1.30x | 2.0x |" in text
+    assert "| 1.30x / 1.30x | 5.2x |" in text
 
 
 def test_no_split_fits_says_so():
