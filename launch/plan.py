@@ -8,7 +8,7 @@
         --config.data.seq_length=128
     python -m launch.plan --honesty
     python -m launch.plan --seed_study
-    python -m launch.plan --scale_study [--points 100b/v4:16x16x16/16/fsdp;...] \\
+    python -m launch.plan --scale_study [--points 100b/v4:16x16x16/16/fsdp/1;...] \\
         [--budget_s 900] [--cache_dir /tmp/multipod-scale-study]
     python -m launch.plan --config configs/bert.py:tiny --cpu [--meshes 8x1,4x2] \\
         [--measure] [--steps 10] [--warmup 2]
@@ -68,7 +68,7 @@ def _define_flags() -> dict[str, Any]:
             "scale_study", False, "COMET's study: 10B/100B/1T BERT over splits on 4096 chips."
         ),
         "points": flags.DEFINE_string(
-            "points", "", "--scale_study: size/topology/model[/mode];... (default: the study)."
+            "points", "", "--scale_study: size/topology/model[/mode[/micro]];... (else the study)"
         ),
         "cache": flags.DEFINE_string(
             "cache_dir", "/tmp/multipod-scale-study", "--scale_study: per-point row cache."

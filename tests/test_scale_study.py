@@ -26,12 +26,15 @@ def _row(size, topology, model, mode, step_s, need):
 
 
 def test_points_parse_and_bad_points_name_the_form():
-    points = study.parse_points("100b/v4:16x16x16/16/wus; 1t/v5p:16x16x16/64")
+    points = study.parse_points("100b/v4:16x16x16/16/wus; 1t/v5p:16x16x16/64;1t/v4/256/fsdp/8")
     assert points == (
         study.StudyPoint("100b", "v4:16x16x16", 16, "wus"),
         study.StudyPoint("1t", "v5p:16x16x16", 64, "fsdp"),
+        study.StudyPoint("1t", "v4", 256, "fsdp", 8),
     )
-    for bad in ("2t/v4:16x16x16/16", "100b/v4:16x16x16/x", "100b/v4/16/zero3", "100b/v4/0"):
+    assert points[2].key == "1t-v4-model256-fsdp-micro8" and "micro" not in points[0].key
+    bad_points = ("2t/v4/16", "100b/v4/x", "100b/v4/16/zero3", "100b/v4/0", "1t/v4/8/fsdp/0")
+    for bad in bad_points:
         with pytest.raises(ValueError, match="size/topology/model"):
             study.parse_points(bad)
     with pytest.raises(ValueError, match="no scale-study points given"):
@@ -96,4 +99,4 @@ def test_scale_study_cli_rejects_a_bad_point_in_one_line():
     done = subprocess.run(cmd, cwd=REPO, env=cpu_env(1), capture_output=True, text=True)
     assert done.returncode == 2
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "size/topology/model[/mode]" in lines[0], done.stderr
+    assert len(lines) == 1 and "size/topology/model[/mode[/microbatches]]" in lines[0], done.stderr

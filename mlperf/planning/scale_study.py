@@ -34,10 +34,12 @@ class StudyPoint:
     topology: str
     model: int  # tensor-parallel degree
     mode: str = "fsdp"  # optimizer state: "fsdp", "wus" or "replicated"
+    microbatches: int = 1  # gradient accumulation: the same global batch in k pieces
 
     @property
     def key(self) -> str:
-        return f"{self.size}-{self.topology.replace(':', '_')}-model{self.model}-{self.mode}"
+        micro = f"-micro{self.microbatches}" if self.microbatches > 1 else ""
+        return f"{self.size}-{self.topology.replace(':', '_')}-model{self.model}-{self.mode}{micro}"
 
 
 # The 100B model on v4 carries the sweep (tensor parallelism 4..32, the degrees that
@@ -53,6 +55,9 @@ DEFAULT_POINTS: tuple[StudyPoint, ...] = (
     StudyPoint("100b", "v3:64x64", 16),
     StudyPoint("10b", "v4:16x16x16", 8),
     *(StudyPoint("1t", "v4:16x16x16", m) for m in (64, 256, 128)),
+    # 1T's activations: 4096 sequences over data=16..64 are 64-256 per device at once;
+    # gradient accumulation cuts them (the same global batch in 8 microbatches).
+    *(StudyPoint("1t", "v4:16x16x16", m, "fsdp", 8) for m in (64, 256)),
     StudyPoint("100b", "v4:16x16x16", 4),
     StudyPoint("100b", "v4:16x16x16", 64),  # does not divide 96 heads: an error row
     StudyPoint("100b", "v5p:16x16x16", 32),
@@ -63,22 +68,24 @@ _MODE_ORDER = {"fsdp": 0, "wus": 1, "replicated": 2}
 
 
 def parse_points(text: str) -> tuple[StudyPoint, ...]:
-    """Points from "size/topology/model[/mode];...", e.g. "100b/v4:16x16x16/16/fsdp".
-    Raises ValueError naming the bad entry and the form to use."""
+    """Points from "size/topology/model[/mode[/microbatches]];...", e.g.
+    "100b/v4:16x16x16/16/fsdp". Raises ValueError naming the bad entry and the form."""
     from configs.bert_scale import SIZES
 
     points = []
     for entry in filter(None, (e.strip() for e in text.split(";"))):
         parts = entry.split("/")
-        ok = len(parts) in (3, 4) and parts[0] in SIZES and parts[2].isdigit()
+        ok = 3 <= len(parts) <= 5 and parts[0] in SIZES and parts[2].isdigit()
         ok = ok and (len(parts) == 3 or parts[3] in ("fsdp", "wus", "replicated"))
+        ok = ok and (len(parts) < 5 or parts[4].isdigit() and int(parts[4]) >= 1)
         if not ok or int(parts[2]) < 1:
             raise ValueError(
-                f"scale-study point {entry!r} is not size/topology/model[/mode] with size in "
-                f"{tuple(SIZES)}, model >= 1 and mode fsdp, wus or replicated; e.g. "
-                "100b/v4:16x16x16/16/fsdp"
+                f"scale-study point {entry!r} is not size/topology/model[/mode[/microbatches]] "
+                f"with size in {tuple(SIZES)}, model >= 1, mode fsdp, wus or replicated and "
+                "microbatches >= 1; e.g. 100b/v4:16x16x16/16/fsdp"
             )
-        points.append(StudyPoint(parts[0], parts[1], int(parts[2]), *parts[3:]))
+        micro = (int(parts[4]),) if len(parts) == 5 else ()
+        points.append(StudyPoint(parts[0], parts[1], int(parts[2]), *parts[3:4], *micro))
     if not points:
         raise ValueError("no scale-study points given; e.g. 100b/v4:16x16x16/16/fsdp")
     return tuple(points)
@@ -121,7 +128,7 @@ def study_row(point: StudyPoint, config, cache_dir: str | None) -> dict[str, Any
     if path is not None and path.exists():
         return json.loads(path.read_text())
     remat = bool(config.model.remat)
-    cand = Candidate(point.topology, point.model, point.mode, 1, remat)
+    cand = Candidate(point.topology, point.model, point.mode, point.microbatches, remat)
     start = time.perf_counter()
     row = evaluate(config, cand, {})
     row.update(
@@ -129,6 +136,7 @@ def study_row(point: StudyPoint, config, cache_dir: str | None) -> dict[str, Any
         params=_params(config),
         wall_s=time.perf_counter() - start,
         mode=point.mode,
+        microbatches=point.microbatches,
     )
     jax.clear_caches()  # the next 4096-device program does not need this one's
     if path is not None:
@@ -190,7 +198,8 @@ def memory_expansion(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _split(r: dict[str, Any]) -> str:
-    return f"model={r['model']} {r['mode']}"
+    micro = r.get("microbatches", 1)
+    return f"model={r['model']} {r['mode']}" + (f" micro={micro}" if micro > 1 else "")
 
 
 def _ms(x: float | None) -> str:
@@ -211,10 +220,11 @@ def study_text(rows: list[dict[str, Any]]) -> str:
             r["topology"],
             _MODE_ORDER.get(r["mode"], 9),
             r["model"],
+            r.get("microbatches", 1),
         ),
     )
     for r in order:
-        lead = f"| {r['size']} | {r['topology']} | model={r['model']} {r['mode']} |"
+        lead = f"| {r['size']} | {r['topology']} | {_split(r)} |"
         if "skipped" in r or "error" in r:
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r['error']}"
             lines.append(f"{lead} {why} |" + " |" * 9)
