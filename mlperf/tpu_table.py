@@ -270,7 +270,9 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     dcn_bw = chip.dcn_bandwidth / per_chip
     step = costmodel.tpu_step_time(
         flops=train["flops_per_device"],
-        bytes_accessed=train["bytes_accessed_per_device"],
+        # A scanned stack's HBM bytes from its unrolled 1- and 2-layer compiles, as the
+        # planner takes them (the cost analysis sees the loop body once).
+        bytes_accessed=train.get("layer_extrapolated", train)["bytes_accessed_per_device"],
         wire_bytes=train.get("wire_bytes_per_device", sum(wire.values())),
         compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
         peak_flops=chip.peak_flops / per_chip,
