@@ -460,6 +460,10 @@ def table(report: dict[str, Any]) -> str:
         rows += [
             (f"{name} FLOPs / device", f"{step['flops_per_device']:.4e} (loops x trip count)"),
             (
+                f"{name} wire bytes / device",
+                f"{_gib(step.get('wire_bytes_per_device'))} (every collective, loops x trip count)",
+            ),
+            (
                 f"{name} gather+scatter",
                 f"{step['gather_scatter']} in the program, "
                 f"{step.get('gather_scatter_compiled', '-')} after the backend's passes",
