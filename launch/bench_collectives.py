@@ -18,7 +18,6 @@ minutes on 2 CPU cores; `--no_tpu_estimates` skips them (CPU measurements only).
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import jax
@@ -26,10 +25,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from parallel import collectives, costmodel
+from parallel.allreduce_choice import XLA
 from parallel.host_rates import median_time
 from parallel.mesh import build_mesh
 
-XLA = "xla_psum"
 AOT_TOPOLOGIES = ("v3:4x4", "v3:32x32")
 
 
@@ -76,36 +75,23 @@ def _all_reduce_body(algorithm: str, chunks: int | None):
 def aot_estimates(sizes: list[int], topologies=AOT_TOPOLOGIES) -> list[dict[str, Any]]:
     """The TPU compiler's estimated seconds for psum and every algorithm, per topology and
     message size (bytes per device), beside the alpha-beta model for the chip's link."""
-    from parallel.aot import compiled_stats
+    from parallel.allreduce_choice import compiler_estimates
     from parallel.topology import get_topology
 
     rows = []
     for name in topologies:
         topo = get_topology(name)
         P = len(topo.devices)
-        mesh = build_mesh(("x",), (P,), devices=topo.devices)
         # One link direction per core (a chip's cores share its links); alpha: the
         # model's default per-message latency.
         alpha, beta = costmodel.DEFAULT_ALPHA, topo.devices_per_chip / topo.chip.link_bandwidth
-        sharding = NamedSharding(mesh, PartitionSpec("x"))
         for n_bytes in sizes:
-            spec = jax.ShapeDtypeStruct((P, max(n_bytes // 4, 1)), np.float32, sharding=sharding)
-            for algorithm in [XLA, *collectives.ALGORITHMS]:
-                if algorithm == "bidirectional_exchange" and P & (P - 1):
-                    continue
-                chunks = None
-                if algorithm == "linear_pipeline":
-                    chunks = costmodel.lp_chunks("all_reduce", P, n_bytes, alpha, beta)
-                start = time.perf_counter()
+            for est in compiler_estimates(name, {"x": P}, "x", n_bytes):
+                algorithm, chunks = est["algorithm"], est["num_chunks"]
                 row: dict[str, Any] = {"topology": name, "P": P, "bytes": n_bytes}
                 row.update(algorithm=algorithm, measured_s=None, num_chunks=chunks)
-                try:
-                    compiled = _program(mesh, _all_reduce_body(algorithm, chunks)).lower(spec)
-                    stats = compiled_stats(compiled.compile())
-                    row["tpu_estimate_s"] = stats.get("optimal_seconds")
-                except Exception as e:  # one algorithm that does not compile is a row
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                row["compile_s"] = time.perf_counter() - start
+                row.update({k: est[k] for k in ("tpu_estimate_s", "error") if k in est})
+                row["compile_s"] = est["compile_s"]
                 row["model_s"] = (
                     None
                     if algorithm == XLA

@@ -2,7 +2,7 @@
 
     python -m launch.plan --config configs/bert.py:mlperf_v07 --topology v3:64x64 \\
         [--chips 1024,4096] [--full] [--budget_s 900] [--hbm_scale 1.6] [--ici_scale 2] \\
-        [--dcn_scale 1] [--slices 1] [--price 2.0] [--json] [--plot plan.png]
+        [--dcn_scale 1] [--slices 1] [--price 2.0] [--collectives] [--json] [--plot plan.png]
     python -m launch.plan --config configs/bert.py:large --cluster t4x8x32-10gbe \\
         --batch_per_device 32 --microbatches 4 --grad_reduce_dtype float16 \\
         --config.data.seq_length=128
@@ -89,6 +89,12 @@ def _define_flags() -> dict[str, Any]:
         "measure": flags.DEFINE_bool("measure", False, "--cpu: also time real steps."),
         "steps": flags.DEFINE_integer("steps", 10, "--cpu --measure: timed steps (median)."),
         "warmup": flags.DEFINE_integer("warmup", 2, "--cpu --measure: untimed steps first."),
+        "collectives": flags.DEFINE_bool(
+            "collectives",
+            False,
+            "TPU: also compile each gradient all-reduce algorithm per candidate and report "
+            "libtpu's pick.",
+        ),
         "json": flags.DEFINE_bool("json", False, "Print JSON instead of a table."),
         "plot": flags.DEFINE_string("plot", "", "Write a PNG: step time and memory per candidate."),
     }
@@ -186,7 +192,14 @@ def main(argv: list[str]) -> None:
         note = topology_fit_text(config, name, f["slices"])
         if note:
             print(f"note: {note}", file=sys.stderr if f["json"] else sys.stdout, flush=True)
-    rows = plan(config, list(dict.fromkeys(topologies)), what_if, f["full"], f["budget"])
+    rows = plan(
+        config,
+        list(dict.fromkeys(topologies)),
+        what_if,
+        f["full"],
+        f["budget"],
+        collectives=f["collectives"],
+    )
     print(json.dumps(rows, indent=2, default=str) if f["json"] else table(rows))
     if f["plot"]:
         plot(rows, f["plot"])

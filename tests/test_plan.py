@@ -86,7 +86,31 @@ def test_a_tensor_parallel_degree_that_does_not_divide_the_heads_is_an_error_row
     assert row["error"].startswith("ValueError: model=8 does not divide the 4 attention heads")
 
 
-def test_steps_to_target_come_from_the_plan_fields():
+def test_the_planner_reports_libtpus_pick_of_gradient_all_reduce():
+    """`plan --collectives`: a compiled candidate carries libtpu's estimate of psum and of
+    every algorithm over its data axis at its gradient bytes; the cheapest is the pick."""
+    cand = plan.Candidate("v3:2x2", 2, "replicated", 1)
+    row = plan.evaluate(small_bert_config(), cand, {}, collectives=True)
+    choice = row["allreduce"]
+    assert set(choice["estimates"]) == {
+        "xla_psum", "linear_pipeline", "ring", "tree", "bidirectional_exchange"
+    }  # fmt: skip
+    usable = {k: v for k, v in choice["estimates"].items() if v}
+    assert choice["algorithm"] == min(usable, key=usable.get)
+    assert choice["seconds"] == min(usable.values()) and choice["bytes"] > 0
+    assert choice["xla_psum_s"] == choice["estimates"]["xla_psum"]
+    text = plan.table(plan.rank([row]))
+    assert "all-reduce pick (libtpu) |" in text and f"| {choice['algorithm']} " in text
+
+
+def test_no_usable_estimate_means_no_pick():
+    from parallel.allreduce_choice import pick
+
+    rows = [{"algorithm": "ring", "tpu_estimate_s": None}, {"algorithm": "tree", "error": "x"}]
+    assert pick(rows) == {"algorithm": None, "why": "no usable compiler estimate"}
+    rows.append({"algorithm": "xla_psum", "tpu_estimate_s": 2e-3})
+    assert pick(rows)["algorithm"] == "xla_psum"
+
     assert plan.steps_to_target(get_config("mlperf_v07")) == 560
     assert plan.steps_to_target(get_config("tiny")) == get_config("tiny").train.steps
 

@@ -117,6 +117,10 @@ def _cache_key(point: StudyPoint, config) -> str:
     return f"{point.key}-{digest}"
 
 
+def _cache_path(point: StudyPoint, config, cache_dir: str | None) -> Path | None:
+    return Path(cache_dir) / f"{_cache_key(point, config)}.json" if cache_dir else None
+
+
 def study_row(point: StudyPoint, config, cache_dir: str | None) -> dict[str, Any]:
     """One point's planner row: from the cache when the same config and compiler made it,
     else compiled now (and cached, errors included)."""
@@ -124,20 +128,14 @@ def study_row(point: StudyPoint, config, cache_dir: str | None) -> dict[str, Any
 
     from mlperf.planning.search import Candidate, evaluate
 
-    path = Path(cache_dir) / f"{_cache_key(point, config)}.json" if cache_dir else None
+    path = _cache_path(point, config, cache_dir)
     if path is not None and path.exists():
         return json.loads(path.read_text())
     remat = bool(config.model.remat)
     cand = Candidate(point.topology, point.model, point.mode, point.microbatches, remat)
     start = time.perf_counter()
     row = evaluate(config, cand, {})
-    row.update(
-        size=point.size,
-        params=_params(config),
-        wall_s=time.perf_counter() - start,
-        mode=point.mode,
-        microbatches=point.microbatches,
-    )
+    row.update(size=point.size, params=_params(config), wall_s=time.perf_counter() - start)
     jax.clear_caches()  # the next 4096-device program does not need this one's
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +160,8 @@ def run_study(
     start, rows = time.perf_counter(), []
     for point in points:
         config = config_for(point, num_layers, batch)
-        cached = cache_dir and (Path(cache_dir) / f"{_cache_key(point, config)}.json").exists()
-        if not cached and time.perf_counter() - start > budget_s:
+        path = _cache_path(point, config, cache_dir)
+        if not (path and path.exists()) and time.perf_counter() - start > budget_s:
             rows.append({**dataclasses.asdict(point), "skipped": "compile budget spent"})
             continue
         rows.append(study_row(point, config, cache_dir))

@@ -217,7 +217,9 @@ def analytic_flops_per_step(config) -> float:
     return task.flops_per_example(phase) * phase.global_batch_size
 
 
-def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, Any]:
+def evaluate(
+    config, cand: Candidate, what_if: dict[str, float], collectives: bool = False
+) -> dict[str, Any]:
     """Compiles one candidate and models its step; failures become a row with `error`.
 
     A candidate out of the chip's real HBM is compiled again with 1 and 2 layers and
@@ -330,6 +332,27 @@ def evaluate(config, cand: Candidate, what_if: dict[str, float]) -> dict[str, An
         cost_usd=row["chips"] * ttt / 3600 * price,
         samples_per_s_per_chip=config.train.global_batch_size / step.total_s / row["chips"],
     )
+    if collectives:
+        # The gradient one data replica holds (its model shard), summed over `data`: an
+        # all-reduce, or under weight-update sharding / FSDP a reduce-scatter of the same
+        # bytes. libtpu's estimate of each algorithm at this slice and size picks one.
+        from parallel.allreduce_choice import compiler_estimates, pick
+
+        grad = report["bytes_total"]["params"] / cand.model
+        n_bytes = int(grad * costmodel.grad_bytes_ratio(grad_dtype))
+        if slices > 1:
+            row["allreduce"] = {"algorithm": None, "why": "one slice only (DCN is modelled)"}
+        else:
+            try:
+                estimates = compiler_estimates(cand.topology, report["mesh"], "data", n_bytes)
+                row["allreduce"] = {
+                    **pick(estimates),
+                    "bytes": n_bytes,
+                    "estimates": {e["algorithm"]: e.get("tpu_estimate_s") for e in estimates},
+                }
+            except Exception as e:  # the plan goes on; the row says why
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                row["allreduce"] = {"algorithm": None, "why": why}
     return row
 
 
@@ -351,8 +374,17 @@ def rank(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(rows, key=key)
 
 
-def plan(config, topologies: list[str], what_if: dict[str, float], full: bool, budget_s: float):
-    """Compiles candidates on each slice until the budget is spent; returns ranked rows."""
+def plan(
+    config,
+    topologies: list[str],
+    what_if: dict[str, float],
+    full: bool,
+    budget_s: float,
+    collectives: bool = False,
+):
+    """Compiles candidates on each slice until the budget is spent; returns ranked rows.
+    With `collectives`, each compiled candidate also gets libtpu's pick of gradient
+    all-reduce algorithm (`parallel.allreduce_choice`)."""
     from parallel.topology import get_topology
 
     start, rows = time.perf_counter(), []
@@ -362,7 +394,7 @@ def plan(config, topologies: list[str], what_if: dict[str, float], full: bool, b
             if time.perf_counter() - start > budget_s:
                 rows.append({"candidate": cand.label, "skipped": "compile budget spent"})
                 continue
-            rows.append(evaluate(config, cand, what_if))
+            rows.append(evaluate(config, cand, what_if, collectives))
     return rank(rows)
 
 
@@ -385,11 +417,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| # | candidate | mem/device | fits | step | compute | HBM | comm | DCN | compiler "
         "| MFU | time to train | chip-h | $ | scaling eff. |"
     )
-    lines = [head, "|" + "---|" * 15]
+    with_allreduce = any("allreduce" in r for r in rows)
+    if with_allreduce:
+        head += " all-reduce pick (libtpu) |"
+    lines = [head, "|" + "---|" * (15 + with_allreduce)]
     for i, r in enumerate(rows, 1):
         if "error" in r or "skipped" in r:
             why = f"failed: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
-            lines.append(f"| {i} | {r['candidate']} | {why} |" + " |" * 12)
+            lines.append(f"| {i} | {r['candidate']} | {why} |" + " |" * (12 + with_allreduce))
             continue
         mem = r.get("memory_per_device")
         mem_txt = "-" if mem is None else f"{mem / (1 << 30):.2f} GiB"
@@ -405,8 +440,20 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_fmt_s(r['dcn_s'] or None)} | {_fmt_s(r['compiler_s'])} | "
             f"{_fmt_pct(r.get('mfu'))} | {_fmt_s(r['time_to_train_s'])} | "
             f"{r['chip_hours']:.3g} | {r['cost_usd']:.3g} | {r['scaling_efficiency']:.2f} |"
+            + (f" {_allreduce_text(r.get('allreduce'))} |" if with_allreduce else "")
         )
     return "\n".join(lines)
+
+
+def _allreduce_text(choice: dict[str, Any] | None) -> str:
+    """`ring 1.25 ms (xla_psum 0.63 ms)`: libtpu's pick for the gradient reduction."""
+    if not choice:
+        return "-"
+    if choice["algorithm"] is None:
+        return choice["why"]
+    xla = choice.get("xla_psum_s")
+    versus = "" if xla is None else f" (xla_psum {_fmt_s(xla)})"
+    return f"{choice['algorithm']} {_fmt_s(choice['seconds'])}{versus}"
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
