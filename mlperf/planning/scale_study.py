@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlperf.planning.search import fmt_pct
+
 HBM_SCALES = (1.0, 1.6, 2.0)
 DEFAULT_CACHE = "/tmp/multipod-scale-study"
 
@@ -233,12 +235,11 @@ def study_text(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{lead} {mem_txt} | NO ({r.get('note')}) |" + " |" * 8)
             continue
         fits = "yes" if r["min_hbm_scale"] <= 1.0 else f"NO (x{r['min_hbm_scale']:.2f})"
-        mfu = "-" if r.get("mfu") is None else f"{100 * r['mfu']:.1f}%"
         ratio = "-" if r.get("flops_vs_analytic") is None else f"{r['flops_vs_analytic']:.2f}"
         lines.append(
             f"{lead} {mem_txt} | {fits} | {_ms(r['step_s'])} | {_ms(r['compute_s'])} | "
             f"{_ms(r['memory_s'])} | {_ms(r['comm_s'] - r['dcn_s'])} | {_ms(r['dcn_s'])} | "
-            f"{mfu} | {ratio} | {r.get('wall_s', 0):.0f} |"
+            f"{fmt_pct(r.get('mfu'))} | {ratio} | {r.get('wall_s', 0):.0f} |"
         )
     lines += [
         "",

@@ -407,7 +407,8 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1e6:.3g} us"
 
 
-def _fmt_pct(x: float | None) -> str:
+def fmt_pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal, "-" for none (MFU columns)."""
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
@@ -438,7 +439,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {i} | {r['candidate']} | {mem_txt} | {fits} | {_fmt_s(r['step_s'])} | "
             f"{_fmt_s(r['compute_s'])} | {_fmt_s(r['memory_s'])} | {_fmt_s(r['comm_s'])} | "
             f"{_fmt_s(r['dcn_s'] or None)} | {_fmt_s(r['compiler_s'])} | "
-            f"{_fmt_pct(r.get('mfu'))} | {_fmt_s(r['time_to_train_s'])} | "
+            f"{fmt_pct(r.get('mfu'))} | {_fmt_s(r['time_to_train_s'])} | "
             f"{r['chip_hours']:.3g} | {r['cost_usd']:.3g} | {r['scaling_efficiency']:.2f} |"
             + (f" {_allreduce_text(r.get('allreduce'))} |" if with_allreduce else "")
         )
