@@ -170,9 +170,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         c.eval.bleu = "mlperf_v07"
         c.train.update(eval_every_samples=32 * 20, steps=40, target=80.0)
     elif arg == "multi30k":
-        # Sized for ~30 minutes on a shared 2-core CPU: a narrow model (the tied output
-        # projection over 4,096 ids is then the largest matmul) seeing as many sentence
-        # pairs as possible; see docs/benchmarks.md for the measured BLEU.
+        # Sized to reach BLEU 25 well inside 30 minutes on 2 CPU cores: a narrow model (the
+        # tied output projection over 4,000 ids is then the largest matmul) on one device,
+        # ~4.5 epochs of Multi30k to the target; docs/benchmarks.md has the measured run.
         c.model.update(
             emb_dim=128,
             num_heads=4,
@@ -203,17 +203,21 @@ def get_config(arg: str = "tiny") -> ConfigDict:
                 ),
             }
         )
-        # The one-hot lookups over 4,096 ids cost more than this small model on a CPU.
+        # The one-hot lookups over 4,000 ids cost more than this small model on a CPU.
         c.einsum_gather = False
+        # One device: on 2 cores it steps 3.6x faster than eight fake ones (76 against
+        # 18.7 rows/s; docs/performance.md); the global batch is unchanged by it.
         c.mesh.ici_shape = (-1, 1)
+        c.mesh.num_devices = 1
         c.precision.compute_dtype = "float32"
-        c.optimizer.update(schedule="linear", learning_rate=3e-3, warmup_steps=100)
+        c.optimizer.update(schedule="linear", learning_rate=3e-3, warmup_steps=150)
         c.train.update(
-            global_batch_size=32,
-            steps=440,  # ~3.7 s per step on the shared 2 cores: about 30 minutes
-            eval_every_samples=32 * 110,
+            global_batch_size=64,
+            # ~1 s per step alone on 2 cores; the target came at step 600 (11 minutes).
+            steps=1600,
+            eval_every_samples=64 * 200,
             eval_batch_size=128,
-            log_every_steps=20,
+            log_every_steps=50,
             target=25.0,
         )
     elif arg == "base":

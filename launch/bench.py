@@ -6,6 +6,8 @@
     python -m launch.bench peers [--peer_models bert] [--peer_sizes tiny,base] [--rounds 5]
     python -m launch.bench tpu [--models bert,transformer] [--generations v3,v4]
                                [--out docs/tpu-table.md] [--nocompile]
+    python -m launch.bench startup [--startup_configs bert:tiny,transformer:multi30k]
+                                   [--data_dir ../shared/data]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -74,6 +76,14 @@ _TPU_CACHE = flags.DEFINE_string(
 )
 _TPU_TIMEOUT = flags.DEFINE_float("timeout_s", 900.0, "tpu: seconds per row's compile.")
 _TPU_COMPILE = flags.DEFINE_bool("compile", True, "tpu: compile rows not in the cache.")
+_STARTUP_CONFIGS = flags.DEFINE_list(
+    "startup_configs",
+    ["bert:tiny", "transformer:tiny", "ssd:tiny", "maskrcnn:tiny"],
+    "startup: benchmark:variant pairs, each started twice on one fresh compilation cache.",
+)
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", "", "startup: real data folder for variants that read files (../shared/data)."
+)
 
 MIN_INPUT_RATIO = 3.0
 
@@ -184,6 +194,20 @@ def peers_main() -> None:
     print(json.dumps(rows, indent=2) if _JSON.value else bench_peers.table(rows))
 
 
+def startup_main() -> None:
+    """`python -m launch.bench startup`: see launch/bench_startup.py."""
+    from launch import bench_startup
+
+    bad = [c for c in _STARTUP_CONFIGS.value if not bench_startup.known_config(c)]
+    if bad:
+        usage_error(
+            f"--startup_configs: unknown {', '.join(bad)}; give benchmark:variant pairs such "
+            "as bert:tiny or transformer:multi30k."
+        )
+    rows = bench_startup.bench(_STARTUP_CONFIGS.value, _DATA_DIR.value)
+    print(json.dumps(rows, indent=2) if _JSON.value else bench_startup.table(rows))
+
+
 def main(argv: list[str]) -> None:
     if argv[1:] == ["collectives"]:
         return collectives_main()
@@ -201,10 +225,12 @@ def main(argv: list[str]) -> None:
             _TPU_TIMEOUT.value,
             _TPU_COMPILE.value,
         )
+    if argv[1:] == ["startup"]:
+        return startup_main()
     if len(argv) > 1:
         raise app.UsageError(
-            f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers' "
-            "and 'tpu'"
+            f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers', "
+            "'tpu' and 'startup'"
         )
     config = _CONFIG.value
     if config is None:
