@@ -205,8 +205,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         )
         # The one-hot lookups over 4,000 ids cost more than this small model on a CPU.
         c.einsum_gather = False
-        # One device: on 2 cores it steps 3.6x faster than eight fake ones (76 against
-        # 18.7 rows/s; docs/performance.md); the global batch is unchanged by it.
+        # One device: on 2 cores a little faster than eight fake ones (59.7 against 56.0
+        # rows/s at GBS 64; docs/benchmarks.md); the global batch is unchanged by it.
         c.mesh.ici_shape = (-1, 1)
         c.mesh.num_devices = 1
         c.precision.compute_dtype = "float32"
