@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from launch.cli import train_command
 
 DEFAULT_CONFIGS = ("bert:tiny", "transformer:tiny", "ssd:tiny", "maskrcnn:tiny")
 
@@ -65,19 +66,9 @@ def time_to_run_start(
     Returns seconds from launch to run_start (`to_run_start_s`), the log's init_start ->
     run_start (`init_s`) and the cache entries the run added; `error` when the run ended
     or timed out before run_start (with the tail of its output)."""
-    benchmark, variant = config.split(":")
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "launch.train",
-        f"--config=configs/{benchmark}.py:{variant}",
-        f"--workdir={workdir}",
-        f"--compilation_cache={cache_dir}",
-    ]
-    if data_dir:
-        cmd.append(f"--config.data.data_dir={os.path.abspath(data_dir)}")
+    cmd = train_command(config, str(workdir), data_dir, f"--compilation_cache={cache_dir}")
     entries_before = _cache_entries(cache_dir)
     log_path = workdir / "stdout.txt"
     root = Path(__file__).resolve().parents[1]

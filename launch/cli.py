@@ -28,6 +28,23 @@ CPU_COLLECTIVE_TIMEOUT_FLAGS = (
 )
 
 
+def train_command(config: str, workdir: str, data_dir: str = "", *extra: str) -> list[str]:
+    """`python -m launch.train` argv for a benchmark:variant pair (bert:tiny), with the real
+    data folder as an absolute `--config.data.data_dir` when given."""
+    benchmark, _, variant = config.partition(":")
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.train",
+        f"--config=configs/{benchmark}.py:{variant}",
+        f"--workdir={workdir}",
+        *extra,
+    ]
+    if data_dir:
+        cmd.append(f"--config.data.data_dir={os.path.abspath(data_dir)}")
+    return cmd
+
+
 def relax_cpu_collective_timeouts(env: MutableMapping[str, str] = os.environ) -> None:
     """Adds CPU_COLLECTIVE_TIMEOUT_FLAGS to env['XLA_FLAGS'] (before jax starts)."""
     flags = env.get("XLA_FLAGS", "").split()

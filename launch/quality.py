@@ -11,10 +11,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 from absl import app, flags
+
+from launch.cli import train_command
 
 _RUNS = flags.DEFINE_list("runs", ["bert:tiny"], "benchmark:variant pairs.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/multipod/quality", "Parent work directory.")
@@ -26,16 +27,7 @@ _EXTRA = flags.DEFINE_multi_string("override", [], "Extra --config.x=y overrides
 
 def run_one(benchmark: str, variant: str, workdir: str, data_dir: str, extra: list[str]) -> dict:
     """Runs one config to its target in a subprocess; returns its result.json (or a failure)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "launch.train",
-        f"--config=configs/{benchmark}.py:{variant}",
-        f"--workdir={workdir}",
-        *extra,
-    ]
-    if data_dir:
-        cmd.append(f"--config.data.data_dir={os.path.abspath(data_dir)}")
+    cmd = train_command(f"{benchmark}:{variant}", workdir, data_dir, *extra)
     print(f"\n=== {benchmark}:{variant}: {' '.join(cmd[1:])}", flush=True)
     start = time.time()
     result_path = os.path.join(workdir, "result.json")
