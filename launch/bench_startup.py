@@ -15,7 +15,6 @@ compiled anything.
 from __future__ import annotations
 
 import importlib
-import json
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 from launch.cli import train_command
+from mlperf import mllog_pace
 
 DEFAULT_CONFIGS = ("bert:tiny", "transformer:tiny", "ssd:tiny", "maskrcnn:tiny")
 
@@ -39,18 +39,10 @@ def known_config(config: str) -> bool:
 def _mllog_times(mllog: Path) -> dict[str, int]:
     """time_ms of init_start and run_start in an MLPerf log (those present so far)."""
     times: dict[str, int] = {}
-    if not mllog.exists():
-        return times
-    for line in mllog.read_text().splitlines():
-        _, _, payload = line.partition(":::MLLOG ")
-        if not payload:
-            continue
-        try:
-            record = json.loads(payload)
-        except json.JSONDecodeError:  # a line still being written
-            continue
-        if record.get("key") in ("init_start", "run_start"):
-            times.setdefault(record["key"], int(record["time_ms"]))
+    if mllog.exists():
+        for record in mllog_pace.events(mllog.read_text()):
+            if record.get("key") in ("init_start", "run_start"):
+                times.setdefault(record["key"], int(record["time_ms"]))
     return times
 
 
