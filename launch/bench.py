@@ -8,6 +8,7 @@
                                [--out docs/tpu-table.md] [--nocompile]
     python -m launch.bench startup [--startup_configs bert:tiny,transformer:multi30k]
                                    [--data_dir ../shared/data]
+    python -m launch.bench xent [--xent_shapes 320x2048,640x30522] [--xent_smoothing 0.1]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -84,6 +85,13 @@ _STARTUP_CONFIGS = flags.DEFINE_list(
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", "", "startup: real data folder for variants that read files (../shared/data)."
 )
+_XENT_SHAPES = flags.DEFINE_list(
+    "xent_shapes",
+    ["320x2048", "640x30522", "4096x4000"],
+    "xent: ROWSxVOCAB logits (bert:tiny's and bert:wikitext's masked positions, "
+    "transformer:multi30k's tokens).",
+)
+_XENT_SMOOTHING = flags.DEFINE_float("xent_smoothing", 0.0, "xent: label smoothing.")
 
 MIN_INPUT_RATIO = 3.0
 
@@ -208,6 +216,20 @@ def startup_main() -> None:
     print(json.dumps(rows, indent=2) if _JSON.value else bench_startup.table(rows))
 
 
+def xent_main() -> None:
+    """`python -m launch.bench xent`: see launch/bench_cross_entropy.py."""
+    from launch import bench_cross_entropy
+
+    try:
+        shapes = [bench_cross_entropy.parse_shape(t) for t in _XENT_SHAPES.value]
+    except ValueError as e:
+        usage_error(f"--xent_shapes: {e}")
+    if not 0.0 <= _XENT_SMOOTHING.value < 1.0:
+        usage_error(f"--xent_smoothing {_XENT_SMOOTHING.value}: give a value in [0, 1)")
+    rows = bench_cross_entropy.bench(shapes, _XENT_SMOOTHING.value, max(_ROUNDS.value, 1))
+    print(json.dumps(rows, indent=2) if _JSON.value else bench_cross_entropy.table(rows))
+
+
 def main(argv: list[str]) -> None:
     if argv[1:] == ["collectives"]:
         return collectives_main()
@@ -227,10 +249,12 @@ def main(argv: list[str]) -> None:
         )
     if argv[1:] == ["startup"]:
         return startup_main()
+    if argv[1:] == ["xent"]:
+        return xent_main()
     if len(argv) > 1:
         raise app.UsageError(
             f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers', "
-            "'tpu' and 'startup'"
+            "'tpu', 'startup' and 'xent'"
         )
     config = _CONFIG.value
     if config is None:

@@ -61,7 +61,7 @@ def test_packing_is_deterministic_and_rejects_overlong_pairs():
 
 def _per_example_loss(model, batch) -> list[float]:
     logits = model({k: jnp.asarray(v) for k, v in batch.items()})
-    loss, _ = smoothed_cross_entropy(logits, jnp.asarray(batch["targets"]), 0.1, True)
+    loss, _, _ = smoothed_cross_entropy(logits, jnp.asarray(batch["targets"]), 0.1)
     loss = np.asarray(loss)
     seg = batch["targets_segmentation"]
     out = []

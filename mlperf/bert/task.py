@@ -16,18 +16,10 @@ from input_pipeline.pretraining_examples import feature_spec
 from mlperf.bert import rules
 from mlperf.bert.checkpoint_import import PretrainedBert, check_config, open_source
 from mlperf.bert.model import BertConfig, BertForPreTraining
+from mlperf.layers.cross_entropy import softmax_cross_entropy
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config
 from parallel.precision import policy_from_config
-
-
-def _cross_entropy(logits: jax.Array, labels: jax.Array, einsum_gather: bool) -> jax.Array:
-    """-log p(label) per position, fp32; the label pick is a one-hot product on the einsum
-    path (no gather), take_along_axis otherwise."""
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    if einsum_gather:
-        return -jnp.sum(log_probs * jax.nn.one_hot(labels, logits.shape[-1]), axis=-1)
-    return -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,14 +179,13 @@ class BertTask(Task[BertPrepared]):
         }
 
     def loss(self, model, batch, denominators, rng):
-        eg = self.config.einsum_gather
         mlm_logits, nsp_logits = model(batch, rng=rng)
         weights = batch["masked_lm_weights"].astype(jnp.float32)
-        mlm_xent = _cross_entropy(mlm_logits, batch["masked_lm_ids"], eg)
-        nsp_xent = _cross_entropy(nsp_logits, batch["next_sentence_labels"], eg)
+        mlm_xent, _, mlm_top1 = softmax_cross_entropy(mlm_logits, batch["masked_lm_ids"])
+        nsp_xent, _, _ = softmax_cross_entropy(nsp_logits, batch["next_sentence_labels"])
         mlm_loss = jnp.sum(mlm_xent * weights) / denominators["mlm"]
         nsp_loss = jnp.sum(nsp_xent) / denominators["nsp"]
-        correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
+        correct = mlm_top1 * weights
         aux = {
             "mlm_loss": mlm_loss,
             "nsp_loss": nsp_loss,
@@ -203,13 +194,12 @@ class BertTask(Task[BertPrepared]):
         return mlm_loss + nsp_loss, aux
 
     def eval_sums(self, model, batch) -> dict[str, jax.Array]:
-        eg = self.config.einsum_gather
         mlm_logits, nsp_logits = model(batch, rng=None)
         example = batch["mask"].astype(jnp.float32)
         weights = batch["masked_lm_weights"].astype(jnp.float32) * example[:, None]
         correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
         nsp_correct = (jnp.argmax(nsp_logits, -1) == batch["next_sentence_labels"]) * example
-        mlm_xent = _cross_entropy(mlm_logits, batch["masked_lm_ids"], eg)
+        mlm_xent, _, _ = softmax_cross_entropy(mlm_logits, batch["masked_lm_ids"])
         # Counts are integers (exact under any sharding); losses are fp32 sums.
         return {
             "mlm_correct": jnp.sum(correct).astype(jnp.int32),

@@ -21,6 +21,7 @@ from flax import nnx
 
 from input_pipeline import packing, translation_vocab
 from input_pipeline.translation_data import TranslationData, build_translation_data
+from mlperf.layers.cross_entropy import softmax_cross_entropy
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config, single_phase
 from mlperf.transformer import bleu, bleu_mlperf, final_bleu
@@ -33,31 +34,21 @@ VOCAB_MULTIPLE = 128
 BLEU_METHODS = ("sacrebleu", "mlperf_v07")
 
 
-def pick(log_probs: jax.Array, labels: jax.Array, einsum_gather: bool) -> jax.Array:
-    """log p(label) per position; a one-hot product on the einsum path (no gather)."""
-    if einsum_gather:
-        one_hot = jax.nn.one_hot(labels, log_probs.shape[-1], dtype=log_probs.dtype)
-        return jnp.sum(log_probs * one_hot, axis=-1)
-    return jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
-
-
 def smoothed_cross_entropy(
-    logits: jax.Array, labels: jax.Array, smoothing: float, einsum_gather: bool
-) -> tuple[jax.Array, jax.Array]:
-    """(label-smoothed loss, plain negative log-likelihood) per position, fp32.
+    logits: jax.Array, labels: jax.Array, smoothing: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(label-smoothed loss, plain negative log-likelihood, whether the label has the top
+    logit) per position, fp32.
 
     Soft targets: 1 - smoothing on the label, smoothing / (V - 1) elsewhere; the loss is
     shifted by the soft targets' entropy so that a perfect prediction scores 0.
     """
     vocab = logits.shape[-1]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -pick(log_probs, labels, einsum_gather)
+    loss, nll, top1 = softmax_cross_entropy(logits, labels, smoothing)
     confidence = 1.0 - smoothing
     low = smoothing / (vocab - 1)
-    total = -jnp.sum(log_probs, axis=-1)
-    loss = confidence * nll + low * (total - nll)
     entropy = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
-    return loss - entropy, nll
+    return loss - entropy, nll, top1
 
 
 def eval_rows(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -143,10 +134,10 @@ class TransformerTask(Task[TranslationData]):
     def loss(self, model, batch, denominators, rng):
         logits = model(batch, rng=rng)
         weights = (batch["targets_segmentation"] > 0).astype(jnp.float32)
-        loss, nll = smoothed_cross_entropy(
-            logits, batch["targets"], self.config.label_smoothing, self.config.einsum_gather
+        loss, nll, top1 = smoothed_cross_entropy(
+            logits, batch["targets"], self.config.label_smoothing
         )
-        correct = (jnp.argmax(logits, -1) == batch["targets"]) * weights
+        correct = top1 * weights
         aux = {
             "nll": jnp.sum(nll * weights) / denominators["tokens"],
             "token_accuracy": jnp.sum(correct) / denominators["tokens"],
@@ -159,7 +150,7 @@ class TransformerTask(Task[TranslationData]):
         logits = model(rows)
         weights = (rows["targets_segmentation"] > 0) * batch["mask"][:, None]
         weights = weights.astype(jnp.float32)
-        _, nll = smoothed_cross_entropy(logits, rows["targets"], 0.0, self.config.einsum_gather)
+        _, nll, _ = smoothed_cross_entropy(logits, rows["targets"], 0.0)
         correct = (jnp.argmax(logits, -1) == rows["targets"]) * weights
         return {
             "nll_sum": jnp.sum(nll * weights),

@@ -1,0 +1,105 @@
+"""`python -m launch.bench xent`: the train loss's softmax cross-entropy, ours against the
+textbook autodiff form, in one process.
+
+Times the loss and gradient of [rows, vocab] fp32 logits under `jax.jit`, both forms
+alternating, and checks first that they agree (loss, top-1 count, gradient), so that a
+faster form cannot be a wrong one. The textbook form is autodiff through log_softmax, a
+take_along_axis label pick and an argmax for the accuracy; ours is
+`mlperf.layers.cross_entropy`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mlperf.layers.cross_entropy import softmax_cross_entropy
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'640x30522' -> (640, 30522); ValueError with the expected form otherwise."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"shape {text!r}: give ROWSxVOCAB with positive integers, e.g. 640x30522")
+    return int(parts[0]), int(parts[1])
+
+
+def _textbook(logits, labels, smoothing):
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None], axis=-1)[..., 0]
+    vocab = logits.shape[-1]
+    loss = (1.0 - smoothing) * nll + smoothing / (vocab - 1) * (-jnp.sum(log_probs, -1) - nll)
+    return jnp.mean(loss), jnp.sum(jnp.argmax(logits, -1) == labels)
+
+
+def _ours(logits, labels, smoothing):
+    loss, _, top1 = softmax_cross_entropy(logits, labels, smoothing)
+    return jnp.mean(loss), jnp.sum(top1)
+
+
+def _step(form: Callable, smoothing: float):
+    return jax.jit(jax.value_and_grad(lambda x, y: form(x, y, smoothing), has_aux=True))
+
+
+def _median_ms(fn: Callable, args, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return 1e3 * (time.perf_counter() - start) / calls
+
+
+def bench(
+    shapes: Sequence[tuple[int, int]], smoothing: float = 0.0, rounds: int = 5, calls: int = 10
+) -> list[dict]:
+    """One row per shape: ms per loss+gradient of each form (median over rounds), the
+    ratio textbook / ours, and the largest gradient difference."""
+    rows = []
+    for n, vocab in shapes:
+        logits = jax.random.normal(jax.random.key(0), (n, vocab)) * 3.0
+        labels = jax.random.randint(jax.random.key(1), (n,), 0, vocab)
+        forms = {"textbook": _step(_textbook, smoothing), "ours": _step(_ours, smoothing)}
+        (ref_loss, ref_hits), ref_grad = forms["textbook"](logits, labels)
+        (loss, hits), grad = forms["ours"](logits, labels)
+        grad_diff = float(jnp.max(jnp.abs(grad - ref_grad)))
+        if int(hits) != int(ref_hits) or not np.isclose(loss, ref_loss, rtol=1e-5):
+            raise AssertionError(
+                f"[{n}, {vocab}]: the forms disagree (loss {loss} vs {ref_loss}, "
+                f"top-1 {hits} vs {ref_hits})"
+            )
+        times: dict[str, list[float]] = {k: [] for k in forms}
+        for _ in range(rounds):
+            for name, fn in forms.items():
+                times[name].append(_median_ms(fn, (logits, labels), calls))
+        textbook, ours = (statistics.median(times[k]) for k in ("textbook", "ours"))
+        rows.append(
+            {
+                "rows": n,
+                "vocab": vocab,
+                "smoothing": smoothing,
+                "textbook_ms": textbook,
+                "ours_ms": ours,
+                "speedup": textbook / ours,
+                "max_grad_diff": grad_diff,
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table of `bench` rows."""
+    out = [
+        "| logits | smoothing | textbook ms | ours ms | textbook / ours | max grad diff |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| [{r['rows']}, {r['vocab']}] | {r['smoothing']} | {r['textbook_ms']:.2f} | "
+            f"{r['ours_ms']:.2f} | {r['speedup']:.2f}x | {r['max_grad_diff']:.1e} |"
+        )
+    return "\n".join(out)
