@@ -184,14 +184,15 @@ def test_a_loss_spike_names_the_checkpoint_before_it_and_retention_keeps_it(tmp_
         shutil.rmtree(ckpts / str(step))
     # Resume at step 4 with a learning rate 10^4 larger (forced), retention at its
     # tightest: the update of step 5 blows the loss of step 6 up (the loss is taken
-    # before each step's update).
+    # before each step's update) to about 3x the median of steps 1-5 (8.3 -> 24.7, the
+    # exact figure varies with the CPU's float rounding), so the rule flags at 2x.
     config = tiny_config(
         **{
             "train.steps": 8,
             "optimizer.learning_rate": 100.0,
             "checkpoint.keep": 1,
             "checkpoint.keep_best": 0,
-            "checkpoint.loss_spike_factor": 3.0,
+            "checkpoint.loss_spike_factor": 2.0,
         }
     )
     result = run(config, str(workdir), allow_config_change=["optimizer.learning_rate"])
