@@ -1,6 +1,7 @@
 """Everything a run records as it goes, behind one object the loop calls.
 
     log = RunLog(workdir, is_main, resuming)       # opens the MLPerf log (mllog.txt)
+    log.open_summaries()                           # TensorBoard, during init
     log.event(keys.SEED, 1); log.start(keys.RUN_START)   # MLPerf events
     log.begin_training(total_steps, "mlm_accuracy", peak_flops_per_s)
     log.train(step, samples, {"loss": ..., "learning_rate": ...})
@@ -106,9 +107,15 @@ class RunLog:
         )
         if last_eval is not None:
             self.progress.eval_done(*last_eval)
-        self._summaries = RunSummaries(self.workdir, enabled=self.is_main)
+        self.open_summaries()
         if self.is_main and (not self.resuming or not os.path.exists(self.metrics_path)):
             open(self.metrics_path, "w").close()
+
+    def open_summaries(self) -> None:
+        """Opens the TensorBoard writer (once). Init calls it before `run_start`: loading
+        tensorboardX takes about a second that is not training."""
+        if self._summaries is None:
+            self._summaries = RunSummaries(self.workdir, enabled=self.is_main)
 
     def train(self, step: int, samples: int, metrics: dict[str, float]) -> None:
         """A logged train step: the progress line, TensorBoard, a metrics.jsonl line."""

@@ -156,6 +156,7 @@ def run(
     log.event(keys.TRAIN_SAMPLES, sum(p.steps * p.global_batch_size for p in phases))
     log.event(keys.EVAL_SAMPLES, task.num_eval_examples())
     peak = peak_for_devices()  # measured once on CPU: part of init, not of the run
+    log.open_summaries()  # loading the TensorBoard writer is init too
     log.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
     # What init spent outside the buckets already booked for this attempt.

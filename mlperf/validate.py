@@ -80,6 +80,12 @@ def validate(config, num_devices: int) -> dict[str, int]:
     policy = config.model.get("remat_policy", "nothing")
     if policy not in ("nothing", "dots", "dots_no_batch"):
         raise ConfigError(f"model.remat_policy={policy!r}: use nothing, dots or dots_no_batch.")
+    chunks = config.model.get("eval_head_chunks", 1)
+    if chunks < 1 or t.eval_batch_size % chunks:
+        raise ConfigError(
+            f"model.eval_head_chunks={chunks} must be >= 1 and divide "
+            f"train.eval_batch_size={t.eval_batch_size}; use 1 or a divisor of it."
+        )
     check_names(config)
     return sizes
 

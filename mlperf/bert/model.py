@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mlperf.layers.attention import SelfAttention
+from mlperf.layers.cross_entropy import chunked_eval_stats
 from mlperf.layers.embedding import Embed, gather_positions
 from mlperf.layers.linear import DenseGeneral, LayerNorm, dropout, logical_param
 from mlperf.layers.mlp import ACTIVATIONS, MlpBlock
@@ -71,6 +72,10 @@ class BertConfig:
     # GELU's tanh approximation, as Google's TF BERT (the MLPerf reference checkpoint was
     # trained with it), instead of the exact erf form (Hugging Face's `gelu`).
     gelu_approximate: bool = False
+    # The eval's masked-LM head in this many groups of the batch (`chunked_eval_stats`):
+    # each group's [rows, vocab] logits are reduced before the next are made, so on a CPU
+    # they stay in cache. 1: the whole batch at once. Must divide the eval batch.
+    eval_head_chunks: int = 1
 
     @property
     def activation(self) -> str:
@@ -200,21 +205,40 @@ class BertForPreTraining(nnx.Module):
             x = apply(graphdef, state, x, input_mask, None if rngs is None else rngs[i])
         return x
 
-    def __call__(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
-        """Returns (masked-LM logits [B,P,V] fp32, next-sentence logits [B,2] fp32)."""
+    def features(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
+        """(masked-LM head input at the masked positions [B,P,D], next-sentence logits [B,2]
+        fp32): everything but the vocabulary projection."""
         x_BxLxD = self.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"], rng)
         masked_BxPxD = gather_positions(
             x_BxLxD, batch["masked_lm_positions"], self.cfg.einsum_gather
         )
         act = ACTIVATIONS[self.cfg.activation]
         h = self.mlm_norm(act(self.mlm_transform(masked_BxPxD)))
+        pooled = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+        nsp_logits = self.nsp(pooled).astype(jnp.float32)
+        return h, nsp_logits
+
+    def mlm_logits(self, h: jax.Array) -> jax.Array:
+        """Masked-LM logits [..., V] fp32 from the head input (tied word embeddings)."""
         mlm_logits = self.word_embeddings.attend(h).astype(jnp.float32) + self.mlm_bias[...]
         if self.cfg.predictable_vocab_size < self.cfg.vocab_size:
             # Padding rows can never win the argmax nor take probability mass, and get
             # no gradient through the head.
             real = jnp.arange(self.cfg.vocab_size) < self.cfg.predictable_vocab_size
             mlm_logits = jnp.where(real, mlm_logits, PADDING_LOGIT)
-        mlm_logits = constrain(mlm_logits, ("batch", None, "vocab"))
-        pooled = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
-        nsp_logits = self.nsp(pooled).astype(jnp.float32)
-        return mlm_logits, nsp_logits
+        return constrain(mlm_logits, ("batch",) + (None,) * (h.ndim - 2) + ("vocab",))
+
+    def __call__(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
+        """Returns (masked-LM logits [B,P,V] fp32, next-sentence logits [B,2] fp32)."""
+        h, nsp_logits = self.features(batch, rng)
+        return self.mlm_logits(h), nsp_logits
+
+    def eval_heads(self, batch: dict[str, jax.Array]):
+        """For the eval, without dropout: (masked-LM nll [B,P], whether argmax(logits) is the
+        label [B,P], next-sentence logits [B,2]). The vocabulary projection runs in
+        `eval_head_chunks` groups of the batch (`chunked_eval_stats`)."""
+        h, nsp_logits = self.features(batch, rng=None)
+        nll, hits = chunked_eval_stats(
+            h, batch["masked_lm_ids"], self.mlm_logits, self.cfg.eval_head_chunks
+        )
+        return nll, hits, nsp_logits

@@ -194,12 +194,11 @@ class BertTask(Task[BertPrepared]):
         return mlm_loss + nsp_loss, aux
 
     def eval_sums(self, model, batch) -> dict[str, jax.Array]:
-        mlm_logits, nsp_logits = model(batch, rng=None)
+        mlm_xent, mlm_hits, nsp_logits = model.eval_heads(batch)
         example = batch["mask"].astype(jnp.float32)
         weights = batch["masked_lm_weights"].astype(jnp.float32) * example[:, None]
-        correct = (jnp.argmax(mlm_logits, -1) == batch["masked_lm_ids"]) * weights
+        correct = mlm_hits * weights
         nsp_correct = (jnp.argmax(nsp_logits, -1) == batch["next_sentence_labels"]) * example
-        mlm_xent, _, _ = softmax_cross_entropy(mlm_logits, batch["masked_lm_ids"])
         # Counts are integers (exact under any sharding); losses are fp32 sums.
         return {
             "mlm_correct": jnp.sum(correct).astype(jnp.int32),
