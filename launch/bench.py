@@ -9,6 +9,7 @@
     python -m launch.bench startup [--startup_configs bert:tiny,transformer:multi30k]
                                    [--data_dir ../shared/data]
     python -m launch.bench xent [--xent_shapes 320x2048,640x30522] [--xent_smoothing 0.1]
+    python -m launch.bench eval --config configs/bert.py:wikitext [--eval_chunks 1,32]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -92,6 +93,9 @@ _XENT_SHAPES = flags.DEFINE_list(
     "transformer:multi30k's tokens).",
 )
 _XENT_SMOOTHING = flags.DEFINE_float("xent_smoothing", 0.0, "xent: label smoothing.")
+_EVAL_CHUNKS = flags.DEFINE_list(
+    "eval_chunks", ["1", "32"], "eval: model.eval_head_chunks values (the first is the baseline)."
+)
 
 MIN_INPUT_RATIO = 3.0
 
@@ -230,6 +234,24 @@ def xent_main() -> None:
     print(json.dumps(rows, indent=2) if _JSON.value else bench_cross_entropy.table(rows))
 
 
+def eval_main() -> None:
+    """`python -m launch.bench eval`: see launch/bench_eval.py."""
+    from launch import bench_eval
+
+    config = _CONFIG.value
+    if config is None:
+        usage_error("eval: give --config, e.g. configs/bert.py:wikitext")
+    try:
+        chunks = bench_eval.parse_chunks(_EVAL_CHUNKS.value)
+        apply_mesh_override(config, _MESH.value)
+        rows = bench_eval.bench(config, chunks, max(_ROUNDS.value, 1))
+    except ValueError as e:  # ConfigError is one: bad input is one line, as launch.train
+        usage_error(f"eval: {e}")
+    except FileNotFoundError as e:
+        usage_error(str(e))
+    print(json.dumps(rows, indent=2) if _JSON.value else bench_eval.table(rows))
+
+
 def main(argv: list[str]) -> None:
     if argv[1:] == ["collectives"]:
         return collectives_main()
@@ -251,10 +273,12 @@ def main(argv: list[str]) -> None:
         return startup_main()
     if argv[1:] == ["xent"]:
         return xent_main()
+    if argv[1:] == ["eval"]:
+        return eval_main()
     if len(argv) > 1:
         raise app.UsageError(
             f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers', "
-            "'tpu', 'startup' and 'xent'"
+            "'tpu', 'startup', 'xent' and 'eval'"
         )
     config = _CONFIG.value
     if config is None:
