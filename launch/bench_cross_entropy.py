@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from launch.markdown import markdown_table
 from mlperf.layers.cross_entropy import softmax_cross_entropy
 
 
@@ -95,13 +96,18 @@ def bench(
 
 def table(rows: list[dict]) -> str:
     """Markdown table of `bench` rows."""
-    out = [
-        "| logits | smoothing | textbook ms | ours ms | textbook / ours | max grad diff |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        out.append(
-            f"| [{r['rows']}, {r['vocab']}] | {r['smoothing']} | {r['textbook_ms']:.2f} | "
-            f"{r['ours_ms']:.2f} | {r['speedup']:.2f}x | {r['max_grad_diff']:.1e} |"
-        )
-    return "\n".join(out)
+    headers = ["logits", "smoothing", "textbook ms", "ours ms", "textbook / ours", "max grad diff"]
+    return markdown_table(
+        headers,
+        [
+            [
+                f"[{r['rows']}, {r['vocab']}]",
+                str(r["smoothing"]),
+                f"{r['textbook_ms']:.2f}",
+                f"{r['ours_ms']:.2f}",
+                f"{r['speedup']:.2f}x",
+                f"{r['max_grad_diff']:.1e}",
+            ]
+            for r in rows
+        ],
+    )

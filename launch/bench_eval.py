@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import jax
 
+from launch.markdown import markdown_table
 from mlperf.evaluate import Evaluator
 
 CHUNKS_KEY = "eval_head_chunks"
@@ -114,13 +115,17 @@ def bench(config, chunk_counts: Sequence[int], rounds: int = 3) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     """Markdown table of `bench` rows."""
-    lines = [
-        "| config | eval head chunks | seconds per pass | examples/s | against the first |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['config']} | {r['chunks']} | {r['seconds']:.2f} | "
-            f"{r['examples_per_s']:.0f} | {r['speedup']:.2f}x |"
-        )
-    return "\n".join(lines)
+    headers = ["config", "eval head chunks", "seconds per pass", "examples/s", "against the first"]
+    return markdown_table(
+        headers,
+        [
+            [
+                r["config"],
+                str(r["chunks"]),
+                f"{r['seconds']:.2f}",
+                f"{r['examples_per_s']:.0f}",
+                f"{r['speedup']:.2f}x",
+            ]
+            for r in rows
+        ],
+    )
