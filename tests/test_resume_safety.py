@@ -78,6 +78,8 @@ def test_a_new_key_alters_the_trajectory_by_default():
     assert not is_trajectory_neutral("optimizer.some_new_knob")
     assert not is_trajectory_neutral("train.steps")
     assert is_trajectory_neutral("checkpoint.some_new_retention_knob")
+    assert is_trajectory_neutral("model.eval_head_chunks")  # the eval only
+    assert not is_trajectory_neutral("model.hidden_size")
     (change,) = config_changes({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}})
     assert (change.key, change.saved, change.now) == ("a.c", "<absent>", 2)
 

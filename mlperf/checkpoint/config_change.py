@@ -32,6 +32,7 @@ TRAJECTORY_NEUTRAL = (
     "data.eval_annotations",
     "data.eval_images_dir",
     "data.max_eval_examples",
+    "model.eval_head_chunks",  # how the eval's vocabulary projection is grouped
     # The mesh and the parallel layout: the state is resharded on restore (sums are then
     # taken in another order: equal to float32 rounding, not bitwise).
     "mesh.axes",

@@ -109,8 +109,9 @@ def chunked_eval_stats(
     j, j + chunks, j + 2 * chunks, ..., so a batch sharded in contiguous blocks keeps every
     group spread over all its shards (no data moves between devices) when B is a multiple
     of chunks times the shard count. On a 2-core CPU, [2560, 30,522] logits in 32 groups of
-    80 rows (each group's logits fit the 32 MiB L3) give the eval twice as fast as one pass
-    (docs/performance.md, "Chunked eval head"). `chunks=1` is one pass.
+    80 rows (each group's logits fit the 32 MiB L3) make bert:wikitext's eval pass 1.58x
+    faster than one pass (docs/performance.md, "Chunked eval head"). `chunks=1` is one
+    pass.
     """
     batch = hidden.shape[0]
     if chunks < 1 or batch % chunks:
