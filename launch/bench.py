@@ -30,6 +30,7 @@ from ml_collections import config_flags
 from launch.cli import parse_flags, relax_cpu_collective_timeouts, usage_error
 from mlperf.peak_flops import measure_matmul_peak
 from mlperf.validate import ConfigError, apply_mesh_override
+from parallel.mesh import MeshShapeError
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
@@ -243,12 +244,13 @@ def eval_main() -> None:
         usage_error("eval: give --config, e.g. configs/bert.py:wikitext")
     try:
         chunks = bench_eval.parse_chunks(_EVAL_CHUNKS.value)
+    except ValueError as e:
+        usage_error(f"--eval_chunks: {e}")
+    try:
         apply_mesh_override(config, _MESH.value)
         rows = bench_eval.bench(config, chunks, max(_ROUNDS.value, 1))
-    except ValueError as e:  # ConfigError is one: bad input is one line, as launch.train
+    except (ConfigError, MeshShapeError, FileNotFoundError) as e:  # bad input: one line
         usage_error(f"eval: {e}")
-    except FileNotFoundError as e:
-        usage_error(str(e))
     print(json.dumps(rows, indent=2) if _JSON.value else bench_eval.table(rows))
 
 

@@ -19,6 +19,7 @@ import jax
 
 from launch.markdown import markdown_table
 from mlperf.evaluate import Evaluator
+from mlperf.validate import ConfigError
 
 CHUNKS_KEY = "eval_head_chunks"
 
@@ -74,7 +75,7 @@ def bench(config, chunk_counts: Sequence[int], rounds: int = 3) -> list[dict]:
     """One row per chunk count: median seconds per eval pass, examples/s, and the first
     count's time over this one's (the speedup against it)."""
     if CHUNKS_KEY not in config.model:
-        raise ValueError(
+        raise ConfigError(
             f"{config.benchmark}:{config.variant} has no model.{CHUNKS_KEY}: the chunked eval "
             "head is BERT's; give a configs/bert.py variant."
         )

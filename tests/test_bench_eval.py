@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, cpu_env, small_bert_config
 
 from launch import bench_eval
+from mlperf.validate import ConfigError
 
 
 def test_parse_chunks_reads_positive_integers_and_names_a_bad_one():
@@ -35,14 +36,17 @@ def test_bench_times_each_chunk_count_on_the_same_metrics():
 def test_bench_refuses_a_config_without_the_setting():
     from configs.transformer import get_config
 
-    with pytest.raises(ValueError, match="no model.eval_head_chunks"):
+    with pytest.raises(ConfigError, match="no model.eval_head_chunks"):
         bench_eval.bench(get_config("tiny"), [1, 2], rounds=1)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--config", "configs/bert.py:tiny", "--eval_chunks", "1,x"], "chunk count 'x'"),
+        (
+            ["--config", "configs/bert.py:tiny", "--eval_chunks", "1,x"],
+            "--eval_chunks: chunk count 'x'",
+        ),
         (["--config", "configs/transformer.py:tiny"], "no model.eval_head_chunks"),
         (["--config", "configs/bert.py:tiny", "--eval_chunks", "1,7"], "eval_head_chunks=7"),
     ],
