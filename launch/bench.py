@@ -9,6 +9,7 @@
     python -m launch.bench startup [--startup_configs bert:tiny,transformer:multi30k]
                                    [--data_dir ../shared/data]
     python -m launch.bench xent [--xent_shapes 320x2048,640x30522] [--xent_smoothing 0.1]
+                                [--xent_bias]
     python -m launch.bench eval --config configs/bert.py:wikitext [--eval_chunks 1,32]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
@@ -94,6 +95,9 @@ _XENT_SHAPES = flags.DEFINE_list(
     "transformer:multi30k's tokens).",
 )
 _XENT_SMOOTHING = flags.DEFINE_float("xent_smoothing", 0.0, "xent: label smoothing.")
+_XENT_BIAS = flags.DEFINE_bool(
+    "xent_bias", False, "xent: add a [vocab] bias to the logits first (BERT's masked-LM head)."
+)
 _EVAL_CHUNKS = flags.DEFINE_list(
     "eval_chunks", ["1", "32"], "eval: model.eval_head_chunks values (the first is the baseline)."
 )
@@ -231,7 +235,9 @@ def xent_main() -> None:
         usage_error(f"--xent_shapes: {e}")
     if not 0.0 <= _XENT_SMOOTHING.value < 1.0:
         usage_error(f"--xent_smoothing {_XENT_SMOOTHING.value}: give a value in [0, 1)")
-    rows = bench_cross_entropy.bench(shapes, _XENT_SMOOTHING.value, max(_ROUNDS.value, 1))
+    rows = bench_cross_entropy.bench(
+        shapes, _XENT_SMOOTHING.value, max(_ROUNDS.value, 1), bias=_XENT_BIAS.value
+    )
     print(json.dumps(rows, indent=2) if _JSON.value else bench_cross_entropy.table(rows))
 
 

@@ -5,7 +5,10 @@ Times the loss and gradient of [rows, vocab] fp32 logits under `jax.jit`, both f
 alternating, and checks first that they agree (loss, top-1 count, gradient), so that a
 faster form cannot be a wrong one. The textbook form is autodiff through log_softmax, a
 take_along_axis label pick and an argmax for the accuracy; ours is
-`mlperf.layers.cross_entropy`.
+`mlperf.layers.cross_entropy`. With `bias`, a [vocab] bias is added to the logits first,
+as in BERT's masked-LM head: the textbook side with a broadcast add (autodiff sums its
+gradient over the rows), ours with `mlperf.layers.bias.add_bias` (the sum as a dot), and
+both gradients, of the logits and of the bias, are checked and timed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from launch.markdown import markdown_table
+from mlperf.layers.bias import add_bias
 from mlperf.layers.cross_entropy import softmax_cross_entropy
 
 
@@ -43,8 +47,21 @@ def _ours(logits, labels, smoothing):
     return jnp.mean(loss), jnp.sum(top1)
 
 
-def _step(form: Callable, smoothing: float):
-    return jax.jit(jax.value_and_grad(lambda x, y: form(x, y, smoothing), has_aux=True))
+def _step(form: Callable, smoothing: float, add: Callable):
+    """Loss, top-1 count and gradients of (logits, bias) for `form` after `add(logits, bias)`."""
+    return jax.jit(
+        jax.value_and_grad(
+            lambda x, b, y: form(add(x, b), y, smoothing), argnums=(0, 1), has_aux=True
+        )
+    )
+
+
+def _broadcast_add(x, b):
+    return x + b
+
+
+def _no_bias(x, b):
+    return x
 
 
 def _mean_ms(fn: Callable, args, calls: int) -> float:
@@ -57,20 +74,31 @@ def _mean_ms(fn: Callable, args, calls: int) -> float:
 
 
 def bench(
-    shapes: Sequence[tuple[int, int]], smoothing: float = 0.0, rounds: int = 5, calls: int = 10
+    shapes: Sequence[tuple[int, int]],
+    smoothing: float = 0.0,
+    rounds: int = 5,
+    calls: int = 10,
+    bias: bool = False,
 ) -> list[dict]:
     """One row per shape: ms per loss+gradient of each form (median over rounds), the
-    ratio textbook / ours, and the largest gradient difference."""
+    ratio textbook / ours, and the largest gradient difference (logits and bias)."""
     rows = []
     for n, vocab in shapes:
         logits = jax.random.normal(jax.random.key(0), (n, vocab)) * 3.0
         labels = jax.random.randint(jax.random.key(1), (n,), 0, vocab)
-        forms = {"textbook": _step(_textbook, smoothing), "ours": _step(_ours, smoothing)}
-        (ref_loss, ref_hits), ref_grad = forms["textbook"](logits, labels)
-        (loss, hits), grad = forms["ours"](logits, labels)
-        grad_diff = float(jnp.max(jnp.abs(grad - ref_grad)))
+        b = jax.random.normal(jax.random.key(2), (vocab,)) if bias else jnp.zeros((vocab,))
+        adds = (_broadcast_add, add_bias) if bias else (_no_bias, _no_bias)
+        forms = {
+            "textbook": _step(_textbook, smoothing, adds[0]),
+            "ours": _step(_ours, smoothing, adds[1]),
+        }
+        (ref_loss, ref_hits), ref_grads = forms["textbook"](logits, b, labels)
+        (loss, hits), grads = forms["ours"](logits, b, labels)
+        pairs = list(zip(grads, ref_grads, strict=True))
+        grad_diff = max(float(jnp.max(jnp.abs(g - r))) for g, r in pairs)
         agree = int(hits) == int(ref_hits) and np.isclose(loss, ref_loss, rtol=1e-5)
-        if not (agree and np.allclose(grad, ref_grad, rtol=1e-4, atol=1e-7)):
+        close = all(np.allclose(g, r, rtol=1e-4, atol=1e-6) for g, r in pairs)
+        if not (agree and close):
             raise AssertionError(
                 f"[{n}, {vocab}]: the forms disagree (loss {loss} vs {ref_loss}, "
                 f"top-1 {hits} vs {ref_hits}, largest gradient difference {grad_diff:.2e})"
@@ -78,13 +106,14 @@ def bench(
         times: dict[str, list[float]] = {k: [] for k in forms}
         for _ in range(rounds):
             for name, fn in forms.items():
-                times[name].append(_mean_ms(fn, (logits, labels), calls))
+                times[name].append(_mean_ms(fn, (logits, b, labels), calls))
         textbook, ours = (statistics.median(times[k]) for k in ("textbook", "ours"))
         rows.append(
             {
                 "rows": n,
                 "vocab": vocab,
                 "smoothing": smoothing,
+                "bias": bias,
                 "textbook_ms": textbook,
                 "ours_ms": ours,
                 "speedup": textbook / ours,
@@ -96,13 +125,22 @@ def bench(
 
 def table(rows: list[dict]) -> str:
     """Markdown table of `bench` rows."""
-    headers = ["logits", "smoothing", "textbook ms", "ours ms", "textbook / ours", "max grad diff"]
+    headers = [
+        "logits",
+        "smoothing",
+        "bias",
+        "textbook ms",
+        "ours ms",
+        "textbook / ours",
+        "max grad diff",
+    ]
     return markdown_table(
         headers,
         [
             [
                 f"[{r['rows']}, {r['vocab']}]",
                 str(r["smoothing"]),
+                "yes" if r["bias"] else "no",
                 f"{r['textbook_ms']:.2f}",
                 f"{r['ours_ms']:.2f}",
                 f"{r['speedup']:.2f}x",

@@ -32,6 +32,14 @@ def test_bench_times_both_forms_and_they_agree(smoothing):
     assert "| [16, 500] |" in text and text.count("\n") == 3
 
 
+def test_bench_with_a_bias_checks_and_times_the_bias_gradient_too():
+    rows = bench_cross_entropy.bench([(24, 300)], rounds=1, calls=2, bias=True)
+    (row,) = rows
+    assert row["bias"] is True and row["textbook_ms"] > 0 and row["ours_ms"] > 0
+    assert row["max_grad_diff"] < 1e-5
+    assert "| [24, 300] | 0.0 | yes |" in bench_cross_entropy.table(rows)
+
+
 def test_cli_prints_json_rows_and_refuses_a_bad_shape():
     cmd = [sys.executable, "-m", "launch.bench", "xent", "--xent_shapes", "8x32", "--rounds", "1"]
     out = subprocess.run(cmd + ["--json"], cwd=REPO, env=cpu_env(), capture_output=True, text=True)
