@@ -30,11 +30,11 @@ def test_values_and_gradients_equal_the_broadcast_add(shape):
     assert float(jnp.max(jnp.abs(gb))) > 1.0  # a real sum, not zeros
 
 
-def test_a_bfloat16_input_keeps_the_bias_gradient_in_the_bias_dtype():
+def test_a_bfloat16_input_gets_gradients_in_its_own_and_the_bias_dtype():
     x = jax.random.normal(jax.random.key(1), (16, 64)).astype(jnp.bfloat16)
     bias = jnp.zeros((64,), jnp.float32)
-    _, gb = _grads(add_bias, x, bias, jnp.ones((16, 64), jnp.bfloat16))
-    assert gb.dtype == jnp.float32
+    gx, gb = _grads(add_bias, x, bias, jnp.ones((16, 64), jnp.bfloat16))
+    assert gx.dtype == jnp.bfloat16 and gb.dtype == jnp.float32
     np.testing.assert_array_equal(gb, np.full(64, 16.0))
 
 

@@ -22,17 +22,19 @@ def add_bias(x: jax.Array, bias: jax.Array) -> jax.Array:
 
 
 def _add_bias_fwd(x, bias):
-    return x + bias, bias
+    # An empty array carries x's dtype to the backward (residuals must be arrays).
+    return x + bias, (bias, jnp.zeros((0,), x.dtype))
 
 
-def _add_bias_bwd(bias, g):
+def _add_bias_bwd(residuals, g):
+    bias, x_dtype_carrier = residuals
     rows = g.reshape(-1, g.shape[-1])
     # HIGHEST keeps the fp32 sum exact where a default-precision dot would round the
     # cotangent to bfloat16 (TPU); on the CPU it is the ordinary fp32 dot.
     g_bias = jnp.dot(
         jnp.ones((rows.shape[0],), rows.dtype), rows, precision=jax.lax.Precision.HIGHEST
     )
-    return g, g_bias.astype(bias.dtype)
+    return g.astype(x_dtype_carrier.dtype), g_bias.astype(bias.dtype)
 
 
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
