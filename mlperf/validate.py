@@ -86,6 +86,18 @@ def validate(config, num_devices: int) -> dict[str, int]:
             f"model.eval_head_chunks={chunks} must be >= 1 and divide "
             f"train.eval_batch_size={t.eval_batch_size}; use 1 or a divisor of it."
         )
+    vocab_slice = config.model.get("train_head_vocab_slice", 0)
+    if not isinstance(vocab_slice, int) or vocab_slice < 0:
+        raise ConfigError(
+            f"model.train_head_vocab_slice={vocab_slice!r}: give a whole number of vocabulary "
+            "columns per slice (e.g. 2048), or 0 for the whole logits."
+        )
+    head_dtype = config.model.get("train_head_dtype", "")
+    if head_dtype not in ("", "float32", "bfloat16"):
+        raise ConfigError(
+            f"model.train_head_dtype={head_dtype!r}: use float32, bfloat16 or '' (the "
+            "compute dtype)."
+        )
     check_names(config)
     return sizes
 

@@ -15,15 +15,12 @@ from flax import nnx
 
 from mlperf.layers.attention import SelfAttention
 from mlperf.layers.bias import add_bias
-from mlperf.layers.cross_entropy import chunked_eval_stats
+from mlperf.layers.cross_entropy import chunked_eval_stats, softmax_cross_entropy
 from mlperf.layers.embedding import Embed, gather_positions
 from mlperf.layers.linear import DenseGeneral, LayerNorm, dropout, logical_param
 from mlperf.layers.mlp import ACTIVATIONS, MlpBlock
+from mlperf.layers.vocab_sliced_xent import PADDING_LOGIT, vocab_sliced_cross_entropy
 from parallel.partition import constrain
-
-# Logit of padded vocabulary rows: exp() of it underflows to exactly 0 in fp32 softmax.
-PADDING_LOGIT = -1e9
-
 
 # jax.checkpoint policies by config name (None: save nothing, recompute the layer).
 REMAT_POLICIES = {
@@ -77,6 +74,14 @@ class BertConfig:
     # each group's [rows, vocab] logits are reduced before the next are made, so on a CPU
     # they stay in cache. 1: the whole batch at once. Must divide the eval batch.
     eval_head_chunks: int = 1
+    # The training loss's masked-LM head a vocabulary slice of this many columns at a time
+    # (`vocab_sliced_cross_entropy`): no [B, P, V] logits in memory, one more matmul. On a
+    # CPU the slices stay in cache. 0: the whole logits at once (the TPU form: a table
+    # sharded along the vocabulary needs no loop over it).
+    train_head_vocab_slice: int = 0
+    # dtype of the masked-LM head's matmul operands when `train_head_vocab_slice` is set
+    # ("": the compute dtype). Accumulation and the softmax stay fp32.
+    train_head_dtype: str = ""
 
     @property
     def activation(self) -> str:
@@ -230,6 +235,27 @@ class BertForPreTraining(nnx.Module):
             real = jnp.arange(self.cfg.vocab_size) < self.cfg.predictable_vocab_size
             mlm_logits = jnp.where(real, mlm_logits, PADDING_LOGIT)
         return constrain(mlm_logits, ("batch",) + (None,) * (h.ndim - 2) + ("vocab",))
+
+    def train_heads(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
+        """For the training loss: (masked-LM cross-entropy [B,P], whether the label holds
+        the largest logit [B,P], next-sentence logits [B,2]). With `train_head_vocab_slice`
+        the head runs a vocabulary slice at a time, else on the whole logits."""
+        h, nsp_logits = self.features(batch, rng)
+        labels = batch["masked_lm_ids"]
+        slice_size = self.cfg.train_head_vocab_slice
+        if not slice_size:
+            xent, _, top1 = softmax_cross_entropy(self.mlm_logits(h), labels)
+            return xent, top1, nsp_logits
+        xent, _, top1 = vocab_sliced_cross_entropy(
+            h,
+            self.word_embeddings.embedding[...],
+            self.mlm_bias[...],
+            labels,
+            slice_size,
+            valid_vocab=self.cfg.predictable_vocab_size,
+            compute_dtype=jnp.dtype(self.cfg.train_head_dtype or self.cfg.compute_dtype),
+        )
+        return xent, top1, nsp_logits
 
     def __call__(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
         """Returns (masked-LM logits [B,P,V] fp32, next-sentence logits [B,2] fp32)."""

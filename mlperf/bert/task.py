@@ -179,9 +179,8 @@ class BertTask(Task[BertPrepared]):
         }
 
     def loss(self, model, batch, denominators, rng):
-        mlm_logits, nsp_logits = model(batch, rng=rng)
+        mlm_xent, mlm_top1, nsp_logits = model.train_heads(batch, rng=rng)
         weights = batch["masked_lm_weights"].astype(jnp.float32)
-        mlm_xent, _, mlm_top1 = softmax_cross_entropy(mlm_logits, batch["masked_lm_ids"])
         nsp_xent, _, _ = softmax_cross_entropy(nsp_logits, batch["next_sentence_labels"])
         mlm_loss = jnp.sum(mlm_xent * weights) / denominators["mlm"]
         nsp_loss = jnp.sum(nsp_xent) / denominators["nsp"]
