@@ -98,6 +98,11 @@ def validate(config, num_devices: int) -> dict[str, int]:
             f"model.train_head_dtype={head_dtype!r}: use float32, bfloat16 or '' (the "
             "compute dtype)."
         )
+    if head_dtype and not vocab_slice:
+        raise ConfigError(
+            f"model.train_head_dtype={head_dtype!r} applies only to the sliced head: set "
+            "model.train_head_vocab_slice > 0 too, or leave the dtype ''."
+        )
     check_names(config)
     return sizes
 

@@ -59,6 +59,7 @@ def test_joined_schedule_warms_up_and_decays_per_phase():
         ({"model.eval_head_chunks": 3}, "model.eval_head_chunks=3 must be >= 1 and divide"),
         ({"model.train_head_vocab_slice": -1}, "model.train_head_vocab_slice=-1: give a whole"),
         ({"model.train_head_dtype": "float16"}, "model.train_head_dtype='float16': use float32"),
+        ({"model.train_head_dtype": "bfloat16"}, "applies only to the sliced head"),
     ],
 )
 def test_bad_configs_fail_with_the_value_and_the_fix(overrides, message):

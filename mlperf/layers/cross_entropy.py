@@ -25,17 +25,42 @@ def _label_hits(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return vocab == labels[..., None]
 
 
+def smoothed_loss(
+    nll: jax.Array, lse: jax.Array, logit_sum: Callable[[], jax.Array], vocab: int, smoothing: float
+) -> jax.Array:
+    """Cross-entropy against soft targets (1 - smoothing on the label, smoothing / (V - 1)
+    elsewhere) from the nll, the log-sum-exp and the row's logit sum (asked for only when
+    smoothing): -sum_j log p_j = V * lse - sum_j logit_j, without the log-probabilities."""
+    if not smoothing:
+        return nll
+    low = smoothing / (vocab - 1)
+    return (1.0 - smoothing) * nll + low * (vocab * lse - logit_sum() - nll)
+
+
+def logit_gradient(
+    probs: jax.Array,
+    hits: jax.Array,
+    g_loss: jax.Array,
+    g_nll: jax.Array,
+    vocab: int,
+    smoothing: float,
+) -> jax.Array:
+    """d(loss, nll)/d logits for softmax `probs` [..., V] and the label mask `hits`, given
+    the per-row cotangents of the (smoothed) loss and of the nll."""
+    low = smoothing / (vocab - 1) if smoothing else 0.0
+    # d loss / d logits = p - q (q: 1 - smoothing on the label, low elsewhere);
+    # d nll / d logits = p - one_hot(label).
+    soft_targets = jnp.where(hits, 1.0 - smoothing, low)
+    grad = (probs - soft_targets) * g_loss[..., None]
+    return grad + (probs - hits.astype(probs.dtype)) * g_nll[..., None]
+
+
 def _forward(logits, labels, smoothing):
     top = jnp.max(logits, axis=-1)
     lse = top + jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1))
     label_logit = jnp.sum(jnp.where(_label_hits(logits, labels), logits, 0.0), axis=-1)
     nll = lse - label_logit
-    loss = nll
-    if smoothing:
-        low = smoothing / (logits.shape[-1] - 1)
-        # -sum_j log p_j, without the [N, V] log-probabilities.
-        total = logits.shape[-1] * lse - jnp.sum(logits, axis=-1)
-        loss = (1.0 - smoothing) * nll + low * (total - nll)
+    loss = smoothed_loss(nll, lse, lambda: jnp.sum(logits, axis=-1), logits.shape[-1], smoothing)
     # The label holds the largest logit: argmax's test without an index-tracking reduction
     # (which XLA:CPU runs slowly); a tie counts as correct.
     top1 = label_logit >= top
@@ -55,14 +80,9 @@ def _cross_entropy_fwd(logits, labels, smoothing):
 def _cross_entropy_bwd(smoothing, residuals, cotangents):
     logits, labels, lse = residuals
     g_loss, g_nll, _ = cotangents
-    hits = _label_hits(logits, labels)
     probs = jnp.exp(logits - lse[..., None])
-    low = smoothing / (logits.shape[-1] - 1) if smoothing else 0.0
-    # d loss / d logits = p - q (q: 1 - smoothing on the label, low elsewhere);
-    # d nll / d logits = p - one_hot(label).
-    soft_targets = jnp.where(hits, 1.0 - smoothing, low)
-    grad = (probs - soft_targets) * g_loss[..., None]
-    grad = grad + (probs - hits.astype(probs.dtype)) * g_nll[..., None]
+    hits = _label_hits(logits, labels)
+    grad = logit_gradient(probs, hits, g_loss, g_nll, logits.shape[-1], smoothing)
     return grad.astype(logits.dtype), None
 
 

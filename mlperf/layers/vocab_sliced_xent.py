@@ -28,15 +28,24 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from mlperf.layers.cross_entropy import logit_gradient, smoothed_loss
+
 # What padding columns of the vocabulary get as a logit (as BERT's head does): they never
 # win the argmax nor take probability mass.
 PADDING_LOGIT = -1e9
 
 
-def _slices(x: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
-    """[V, ...] -> ([V // size, size, ...] whole slices, [V % size, ...] remainder)."""
-    whole = x.shape[0] // size * size
-    return x[:whole].reshape(-1, size, *x.shape[1:]), x[whole:]
+def _sliced(table: jax.Array, bias: jax.Array, size: int):
+    """(table, bias, offset) per whole slice, stacked for `lax.scan`, and the remainder's
+    (None when `size` divides the vocabulary)."""
+    whole = table.shape[0] // size * size
+    stacked = (
+        table[:whole].reshape(-1, size, table.shape[1]),
+        bias[:whole].reshape(-1, size),
+        jnp.arange(whole // size, dtype=jnp.int32) * size,
+    )
+    rest = (table[whole:], bias[whole:], jnp.int32(whole)) if whole < table.shape[0] else None
+    return stacked, rest
 
 
 def _zeros(like: jax.Array, *operands: jax.Array) -> jax.Array:
@@ -82,19 +91,14 @@ def _forward(h, table, bias, labels, size, smoothing, valid_vocab, compute_dtype
 
     zeros = _zeros(labels, h, table, bias)
     carry = (zeros - jnp.inf, zeros, zeros, zeros)
-    (table_whole, table_rest), (bias_whole, bias_rest) = _slices(table, size), _slices(bias, size)
-    offsets = jnp.arange(table_whole.shape[0], dtype=jnp.int32) * size
-    carry, _ = jax.lax.scan(update, carry, (table_whole, bias_whole, offsets))
-    if table_rest.shape[0]:
-        carry, _ = update(carry, (table_rest, bias_rest, jnp.int32(table_whole.shape[0] * size)))
+    stacked, rest = _sliced(table, bias, size)
+    carry, _ = jax.lax.scan(update, carry, stacked)
+    if rest is not None:
+        carry, _ = update(carry, rest)
     top, total, label_logit, logit_sum = carry
     lse = top + jnp.log(total)
     nll = lse - label_logit
-    loss = nll
-    if smoothing:
-        low = smoothing / (vocab - 1)
-        # -sum_j log p_j = V * lse - sum_j logit_j, from the running logit sum.
-        loss = (1.0 - smoothing) * nll + low * (vocab * lse - logit_sum - nll)
+    loss = smoothed_loss(nll, lse, lambda: logit_sum, vocab, smoothing)
     # The label holds the largest logit (a tie counts as correct), as in
     # `softmax_cross_entropy`.
     top1 = label_logit >= top
@@ -115,7 +119,6 @@ def _xent_bwd(size, smoothing, valid_vocab, compute_dtype, residuals, cotangents
     h, table, bias, labels, lse = residuals
     g_loss, g_nll, _ = cotangents
     vocab = table.shape[0]
-    low = smoothing / (vocab - 1) if smoothing else 0.0
     ones = jnp.ones((h.shape[0],), jnp.float32)
 
     def slice_grads(g_h, xs):
@@ -125,11 +128,8 @@ def _xent_bwd(size, smoothing, valid_vocab, compute_dtype, residuals, cotangents
         )
         probs = jnp.exp(logits - lse[:, None])
         hits = column == labels[:, None]
-        # d loss / d logits = p - q (q: 1 - smoothing on the label, low elsewhere);
-        # d nll / d logits = p - one_hot(label). Padding columns get no gradient.
-        grad = (probs - jnp.where(hits, 1.0 - smoothing, low)) * g_loss[:, None]
-        grad = grad + (probs - hits.astype(jnp.float32)) * g_nll[:, None]
-        if valid_vocab is not None:
+        grad = logit_gradient(probs, hits, g_loss, g_nll, vocab, smoothing)
+        if valid_vocab is not None:  # padding columns get no gradient
             grad = jnp.where(column < valid_vocab, grad, 0.0)
         grad_c = grad.astype(compute_dtype)
         g_h = g_h + jnp.einsum(
@@ -145,15 +145,13 @@ def _xent_bwd(size, smoothing, valid_vocab, compute_dtype, residuals, cotangents
         g_bias = jnp.dot(ones, grad, precision=jax.lax.Precision.HIGHEST)
         return g_h, (g_table.astype(table.dtype), g_bias.astype(bias.dtype))
 
-    (table_whole, table_rest), (bias_whole, bias_rest) = _slices(table, size), _slices(bias, size)
-    offsets = jnp.arange(table_whole.shape[0], dtype=jnp.int32) * size
+    stacked, rest = _sliced(table, bias, size)
     g_h = _zeros(h, table, bias, labels, lse, g_loss, g_nll)
-    g_h, (g_table, g_bias) = jax.lax.scan(slice_grads, g_h, (table_whole, bias_whole, offsets))
+    g_h, (g_table, g_bias) = jax.lax.scan(slice_grads, g_h, stacked)
     g_table = g_table.reshape(-1, table.shape[1])
     g_bias = g_bias.reshape(-1)
-    if table_rest.shape[0]:
-        offset = jnp.int32(g_table.shape[0])
-        g_h, (g_table_rest, g_bias_rest) = slice_grads(g_h, (table_rest, bias_rest, offset))
+    if rest is not None:
+        g_h, (g_table_rest, g_bias_rest) = slice_grads(g_h, rest)
         g_table = jnp.concatenate([g_table, g_table_rest])
         g_bias = jnp.concatenate([g_bias, g_bias_rest])
     return g_h.astype(h.dtype), g_table, g_bias, None
