@@ -57,8 +57,15 @@ class BertData:
             self.num_train_examples, self.shard_index, self.shard_count
         )
 
-    def train_iterator(self, host_batch_size: int, seed: int, worker_count: int = 0):
-        """Infinite shuffled host batches of this host's train shard (epochs repeat).
+    def train_iterator(
+        self,
+        host_batch_size: int,
+        seed: int,
+        worker_count: int = 0,
+        read_threads: int | None = None,
+    ):
+        """Infinite shuffled host batches of this host's train shard (epochs repeat);
+        `worker_count` and `read_threads` as in `grain_pipeline.train_loader`.
 
         The grain iterator is checkpointable: get_state() / set_state(state).
         """
@@ -70,6 +77,7 @@ class BertData:
             self.shard_count,
             self.dtypes,
             worker_count=worker_count,
+            read_threads=read_threads,
         )
         return iter(loader)
 

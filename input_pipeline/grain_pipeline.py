@@ -88,11 +88,16 @@ def train_loader(
     shard_count: int,
     dtypes: Mapping[str, str],
     worker_count: int = 0,
+    read_threads: int | None = None,
 ) -> grain.DataLoader:
     """An endless loader of this host's rows of the global batches (GlobalOrderHostRows).
 
     worker_count > 0 reads in that many grain worker processes (launch.bench measures
     which count pays off; pre-built examples are cheap, so the default reads in-process).
+    read_threads: threads per process that read records ahead (grain's ReadOptions; None:
+    grain's default of 16). 0 reads each record when the batch is made: on a 2-core host
+    the reader threads and their prefetch bookkeeping cost the train step more CPU time
+    than the reads they overlap (docs/performance.md, "Reader threads").
 
     The global batch is host_batch_size x shard_count. The iterator is checkpointable
     (get_state / set_state): its state is the position in the stream.
@@ -112,6 +117,7 @@ def train_loader(
         sampler=sampler,
         operations=[ToNumpy(dtypes), grain.Batch(host_batch_size, drop_remainder=True)],
         worker_count=worker_count,
+        read_options=None if read_threads is None else grain.ReadOptions(num_threads=read_threads),
     )
 
 

@@ -275,7 +275,10 @@ class TrainLoop:
             return False
         self.s.last_metrics = last
         self._watch(last["loss"])
-        self.log.train(self.s.step, self.s.samples, self.s.last_metrics)
+        # Evals and saves since the last line are not part of its samples/s.
+        g = self.goodput
+        paused = g.eval_s + g.checkpoint_save_s - self._booked
+        self.log.train(self.s.step, self.s.samples, self.s.last_metrics, paused)
         self._account()
         return True
 
@@ -356,6 +359,9 @@ class TrainLoop:
                     return state
                 stop = False
                 if boundary:
+                    # The steps dispatched so far finish first: their time is training's,
+                    # not the eval's, in the goodput ledger and the progress line.
+                    jax.block_until_ready(metrics)
                     with self.goodput.timing("eval_s"):
                         self._close_block()
                         self._take_eval()  # an async eval still running from the last one

@@ -74,9 +74,14 @@ class Progress:
         self._start_step, self._last_samples = step, samples
         self.model_flops = model_flops
 
-    def log(self, step: int, samples: int, metrics: dict[str, float]) -> None:
+    def log(
+        self, step: int, samples: int, metrics: dict[str, float], paused_s: float = 0.0
+    ) -> None:
+        """A progress line; `paused_s`: seconds since the last line spent outside training
+        (evals, checkpoint saves), left out of the window's samples/s and MFU."""
         now = time.perf_counter()
-        rate = (samples - self._last_samples) / max(now - self._last_time, 1e-9)
+        window = now - self._last_time - paused_s
+        rate = (samples - self._last_samples) / max(window, 1e-9)
         if self.flops_per_example is not None:
             self.model_flops += (samples - self._last_samples) * self.flops_per_example
         self.samples_per_s = rate

@@ -117,10 +117,13 @@ class RunLog:
         if self._summaries is None:
             self._summaries = RunSummaries(self.workdir, enabled=self.is_main)
 
-    def train(self, step: int, samples: int, metrics: dict[str, float]) -> None:
-        """A logged train step: the progress line, TensorBoard, a metrics.jsonl line."""
+    def train(
+        self, step: int, samples: int, metrics: dict[str, float], paused_s: float = 0.0
+    ) -> None:
+        """A logged train step: the progress line, TensorBoard, a metrics.jsonl line;
+        `paused_s` as in `ProgressLog.log`."""
         p = self.progress
-        p.log(step, samples, metrics)
+        p.log(step, samples, metrics, paused_s)
         self._summaries.train(step, metrics, p.samples_per_s, p.mfu)
         perf = {"samples_per_s": p.samples_per_s, "mfu": p.mfu}
         self._record(step, samples, {"kind": "train", **metrics, **perf})

@@ -86,6 +86,12 @@ def validate(config, num_devices: int) -> dict[str, int]:
             f"model.eval_head_chunks={chunks} must be >= 1 and divide "
             f"train.eval_batch_size={t.eval_batch_size}; use 1 or a divisor of it."
         )
+    read_threads = config.data.get("read_threads", 0)
+    if not isinstance(read_threads, int) or read_threads < 0:
+        raise ConfigError(
+            f"data.read_threads={read_threads!r}: give a whole number of reader threads "
+            "(0: read each record when its batch is made)."
+        )
     vocab_slice = config.model.get("train_head_vocab_slice", 0)
     if not isinstance(vocab_slice, int) or vocab_slice < 0:
         raise ConfigError(

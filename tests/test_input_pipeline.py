@@ -448,6 +448,29 @@ def test_grain_iterator_state_round_trip(small_data):
     assert not np.array_equal(fresh["input_ids"], expected[0]["input_ids"])
 
 
+def test_reader_threads_do_not_change_the_stream():
+    """read_threads=0 (each record read when its batch is made) gives grain's default
+    threaded reads' batches, in order, and stays checkpointable."""
+    source = [{"idx": np.int32(i)} for i in range(37)]
+
+    def stream(read_threads, count=20):
+        loader = grain_pipeline.train_loader(
+            source, 4, 5, 1, 2, {"idx": "int32"}, read_threads=read_threads
+        )
+        it = iter(loader)
+        return it, [next(it)["idx"].tolist() for _ in range(count)]
+
+    _, threaded = stream(None)
+    it, inline = stream(0)
+    assert inline == threaded
+    state = it.get_state()
+    resumed = iter(
+        grain_pipeline.train_loader(source, 4, 5, 1, 2, {"idx": "int32"}, read_threads=0)
+    )
+    resumed.set_state(state)
+    assert next(resumed)["idx"].tolist() == next(it)["idx"].tolist()
+
+
 def test_grain_loader_reads_only_its_rows_and_covers_every_record():
     num_records, shard_count = 103, 4  # G = 4: epoch 0 ends inside global batch 25
     source = [{"idx": np.int32(i)} for i in range(num_records)]

@@ -47,6 +47,20 @@ def test_progress_mfu_and_result_fields(capsys):
     assert fields["mfu"] == pytest.approx(0.5)
 
 
+def test_progress_rate_leaves_out_eval_and_save_time(monkeypatch):
+    """A window of 10 s that held a 6 s eval trained 100 samples in 4 s: 25 samples/s."""
+    import mlperf.reporting as reporting
+
+    p = Progress(10, "acc", enabled=False)
+    clock = iter([100.0, 110.0, 120.0])
+    monkeypatch.setattr(reporting.time, "perf_counter", lambda: next(clock))
+    p.begin()
+    p.log(1, 100, {"loss": 1.0, "learning_rate": 0.1}, paused_s=6.0)
+    assert p.samples_per_s == pytest.approx(25.0)
+    p.log(2, 200, {"loss": 1.0, "learning_rate": 0.1})
+    assert p.samples_per_s == pytest.approx(10.0)
+
+
 def test_progress_without_peak_has_no_mfu(capsys):
     p = Progress(10, "acc", enabled=True)
     p.log(1, 10, {"loss": 1.0, "learning_rate": 0.1})

@@ -82,6 +82,11 @@ class BertConfig:
     # dtype of the masked-LM head's matmul operands when `train_head_vocab_slice` is set
     # ("": the compute dtype). Accumulation and the softmax stay fp32.
     train_head_dtype: str = ""
+    # The last encoder layer computes its outputs only at the rows the heads read: the
+    # masked-LM positions and [CLS]. Their keys and values still come from every row, so
+    # the outputs are the full layer's (with dropout, the masks are other draws). The
+    # rest of the layer (queries, attention, MLP) runs on P + 1 rows instead of L.
+    last_layer_head_positions_only: bool = False
 
     @property
     def activation(self) -> str:
@@ -112,18 +117,22 @@ class EncoderLayer(nnx.Module):
             cfg.hidden_size, cfg.mlp_dim, rngs=rngs, activation=cfg.activation, dtype=dt
         )
         self.mlp_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
+        self.einsum_gather = cfg.einsum_gather
 
-    def __call__(self, x, mask, rng):
+    def __call__(self, x, mask, rng, positions=None):
+        """[B, L, D] -> [B, L, D]; with `positions` [B, Q] only the outputs at those rows,
+        [B, Q, D] (the rows attend over all L)."""
         r = jax.random.split(rng, 3) if rng is not None else (None, None, None)
-        h = dropout(self.attention(x, mask, r[0]), self.rate, r[1])
-        x = self.attention_norm(x + h)
+        rows = x if positions is None else gather_positions(x, positions, self.einsum_gather)
+        h = dropout(self.attention(x, mask, r[0], queries_BxQxD=rows), self.rate, r[1])
+        x = self.attention_norm(rows + h)
         x = self.mlp_norm(x + dropout(self.mlp(x), self.rate, r[2]))
         return constrain(x, ("batch", "length", "embed"))
 
 
-def _apply_layer(graphdef, state, x, mask, rng):
+def _apply_layer(graphdef, state, x, mask, rng, positions=None):
     """One encoder layer as a pure function of its parameters (for scan and remat)."""
-    return nnx.merge(graphdef, state)(x, mask, rng)
+    return nnx.merge(graphdef, state)(x, mask, rng, positions)
 
 
 def stacked_encoder_layers(cfg: BertConfig, rngs: nnx.Rngs) -> EncoderLayer:
@@ -179,8 +188,9 @@ class BertForPreTraining(nnx.Module):
         )
         self.nsp = DenseGeneral((cfg.hidden_size,), (2,), ("embed", "classes"), rngs=rngs, dtype=dt)
 
-    def encode(self, input_ids, segment_ids, input_mask, rng=None):
-        """Token, position and type embeddings, then the encoder stack: [B,L] -> [B,L,D]."""
+    def encode(self, input_ids, segment_ids, input_mask, rng=None, last_positions=None):
+        """Token, position and type embeddings, then the encoder stack: [B,L] -> [B,L,D];
+        with `last_positions` [B,Q] the last layer's outputs at those rows only, [B,Q,D]."""
         length = input_ids.shape[1]
         if length > self.cfg.max_position:
             raise ValueError(f"sequence length {length} > max_position {self.cfg.max_position}")
@@ -203,24 +213,41 @@ class BertForPreTraining(nnx.Module):
                 return apply(graphdef, state, h, input_mask, key), None
 
             # Layer i gets rngs[i] as in the unrolled loop, so both forms agree.
-            xs = (stacked, None if rngs is None else rngs[:n])
-            x, _ = jax.lax.scan(body, x, xs, unroll=self.cfg.scan_unroll)
-            return x
+            keys = None if rngs is None else rngs[:n]
+            if last_positions is None:
+                x, _ = jax.lax.scan(body, x, (stacked, keys), unroll=self.cfg.scan_unroll)
+                return x
+            # All layers but the last in the scan, the last on its own at the rows asked.
+            head = jax.tree.map(lambda a: a[: n - 1], (stacked, keys))
+            if n > 1:
+                x, _ = jax.lax.scan(body, x, head, unroll=self.cfg.scan_unroll)
+            last_state, last_key = jax.tree.map(lambda a: a[n - 1], (stacked, keys))
+            return apply(graphdef, last_state, x, input_mask, last_key, last_positions)
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            x = apply(graphdef, state, x, input_mask, None if rngs is None else rngs[i])
+            rows = last_positions if i == n - 1 else None
+            x = apply(graphdef, state, x, input_mask, None if rngs is None else rngs[i], rows)
         return x
 
     def features(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
         """(masked-LM head input at the masked positions [B,P,D], next-sentence logits [B,2]
         fp32): everything but the vocabulary projection."""
-        x_BxLxD = self.encode(batch["input_ids"], batch["segment_ids"], batch["input_mask"], rng)
-        masked_BxPxD = gather_positions(
-            x_BxLxD, batch["masked_lm_positions"], self.cfg.einsum_gather
-        )
+        ids, segments, mask = batch["input_ids"], batch["segment_ids"], batch["input_mask"]
+        positions_BxP = batch["masked_lm_positions"]
+        if self.cfg.last_layer_head_positions_only:
+            # The heads read [CLS] (row 0) and the masked positions: the last layer makes
+            # only those rows.
+            cls_Bx1 = jnp.zeros_like(positions_BxP[:, :1])
+            rows = jnp.concatenate([cls_Bx1, positions_BxP], axis=1)
+            x_Bx1PxD = self.encode(ids, segments, mask, rng, last_positions=rows)
+            cls_BxD, masked_BxPxD = x_Bx1PxD[:, 0], x_Bx1PxD[:, 1:]
+        else:
+            x_BxLxD = self.encode(ids, segments, mask, rng)
+            masked_BxPxD = gather_positions(x_BxLxD, positions_BxP, self.cfg.einsum_gather)
+            cls_BxD = x_BxLxD[:, 0]
         act = ACTIVATIONS[self.cfg.activation]
         h = self.mlm_norm(act(self.mlm_transform(masked_BxPxD)))
-        pooled = jnp.tanh(self.pooler(x_BxLxD[:, 0]))
+        pooled = jnp.tanh(self.pooler(cls_BxD))
         nsp_logits = self.nsp(pooled).astype(jnp.float32)
         return h, nsp_logits
 

@@ -85,6 +85,7 @@ class BertTask(Task[BertPrepared]):
             host_batch_size,
             seed=self.config.seed,
             worker_count=self.config.data.get("input_workers", 0),
+            read_threads=self.config.data.get("read_threads", None),
         )
 
     def eval_data(self, global_batch_size: int, shard_index: int, shard_count: int):
@@ -239,13 +240,19 @@ class BertTask(Task[BertPrepared]):
         }
 
     def flops_per_example(self, phase: Phase) -> float:
-        """6 x (matmul params touched per token) x tokens, plus attention and MLM head."""
+        """6 x (matmul params touched per token) x tokens, plus attention and MLM head.
+
+        With `last_layer_head_positions_only` the last layer counts what it computes: keys
+        and values for every row, the rest for [CLS] and the masked positions only."""
         m = self.model_config()
         seq = phase.data["seq_length"]
         preds = phase.data["max_predictions"]
         d, f, n = m.hidden_size, m.mlp_dim, m.num_layers
         per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq * d  # proj + attention
         forward = seq * n * per_token_layer + preds * 2 * (d * d + d * m.vocab_size)
+        if m.last_layer_head_positions_only and n:
+            rows = min(preds + 1, seq)
+            forward -= (seq - rows) * (per_token_layer - 2 * 2 * d * d)  # K, V stay
         if m.einsum_gather:
             forward += seq * 2 * m.vocab_size * d  # one-hot embedding matmul
         return 3.0 * forward  # backward ~ 2x forward

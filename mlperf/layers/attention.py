@@ -46,9 +46,16 @@ class SelfAttention(nnx.Module):
         )
 
     def __call__(
-        self, x_BxLxD: jax.Array, mask_BxL: jax.Array, rng: jax.Array | None = None
+        self,
+        x_BxLxD: jax.Array,
+        mask_BxL: jax.Array,
+        rng: jax.Array | None = None,
+        queries_BxQxD: jax.Array | None = None,
     ) -> jax.Array:
-        q = constrain(self.query(x_BxLxD), ("batch", "length", "heads", "kv"))
+        """[B, L, D] -> [B, L, D]; with `queries_BxQxD` (rows of x) only those rows attend
+        (over all of x) and the result is [B, Q, D]."""
+        queries = x_BxLxD if queries_BxQxD is None else queries_BxQxD
+        q = constrain(self.query(queries), ("batch", "length", "heads", "kv"))
         k = constrain(self.key(x_BxLxD), ("batch", "length", "heads", "kv"))
         v = constrain(self.value(x_BxLxD), ("batch", "length", "heads", "kv"))
         q = q / jnp.sqrt(self.head_dim).astype(q.dtype)
