@@ -11,6 +11,9 @@
     python -m launch.bench xent [--xent_shapes 320x2048,640x30522] [--xent_smoothing 0.1]
                                 [--xent_bias]
     python -m launch.bench eval --config configs/bert.py:wikitext [--eval_chunks 1,32]
+    python -m launch.bench variants --config configs/bert.py:wikitext
+                                    --change model.remat=True [--change K=V,K=V]
+                                    [--steps 20] [--rounds 5]
 
 Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
 of this machine (MFU), and the input pipeline's examples/s against what the step
@@ -97,6 +100,9 @@ _XENT_SHAPES = flags.DEFINE_list(
 _XENT_SMOOTHING = flags.DEFINE_float("xent_smoothing", 0.0, "xent: label smoothing.")
 _XENT_BIAS = flags.DEFINE_bool(
     "xent_bias", False, "xent: add a [vocab] bias to the logits first (BERT's masked-LM head)."
+)
+_CHANGES = flags.DEFINE_multi_string(
+    "change", [], "variants: KEY=VALUE[,KEY=VALUE] overrides of --config, one per variant."
 )
 _EVAL_CHUNKS = flags.DEFINE_list(
     "eval_chunks", ["1", "32"], "eval: model.eval_head_chunks values (the first is the baseline)."
@@ -260,6 +266,25 @@ def eval_main() -> None:
     print(json.dumps(rows, indent=2) if _JSON.value else bench_eval.table(rows))
 
 
+def variants_main() -> None:
+    """`python -m launch.bench variants`: see launch/bench_variants.py."""
+    from launch import bench_variants
+
+    config = _CONFIG.value
+    if config is None:
+        usage_error("variants: give --config, e.g. configs/bert.py:wikitext")
+    if not _CHANGES.value:
+        usage_error("variants: give at least one --change KEY=VALUE, e.g. model.remat=True")
+    try:
+        apply_mesh_override(config, _MESH.value)
+        rows = bench_variants.bench(
+            config, _CHANGES.value, max(_STEPS.value, 1), max(_ROUNDS.value, 1)
+        )
+    except (ValueError, ConfigError, MeshShapeError, FileNotFoundError) as e:
+        usage_error(f"variants: {e}")
+    print(json.dumps(rows, indent=2) if _JSON.value else bench_variants.table(rows))
+
+
 def main(argv: list[str]) -> None:
     if argv[1:] == ["collectives"]:
         return collectives_main()
@@ -283,10 +308,12 @@ def main(argv: list[str]) -> None:
         return xent_main()
     if argv[1:] == ["eval"]:
         return eval_main()
+    if argv[1:] == ["variants"]:
+        return variants_main()
     if len(argv) > 1:
         raise app.UsageError(
             f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers', "
-            "'tpu', 'startup', 'xent' and 'eval'"
+            "'tpu', 'startup', 'xent', 'eval' and 'variants'"
         )
     config = _CONFIG.value
     if config is None:

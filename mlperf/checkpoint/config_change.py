@@ -28,6 +28,7 @@ TRAJECTORY_NEUTRAL = (
     "train.eval_batch_size",
     "data.cache_dir",
     "data.input_workers",
+    "data.read_threads",
     "data.eval_files",
     "data.eval_annotations",
     "data.eval_images_dir",

@@ -1,0 +1,134 @@
+"""`python -m launch.bench variants --config C --change K=V[,K=V] ...`: the train step of a
+config and of variants of it, timed in turns in one process.
+
+Every variant (and the config as given, the baseline) is built, compiled and fed the same
+real batches of its first phase, from the same initial state. Rounds time `steps` steps
+of each in turn, so a machine whose speed drifts affects all alike; the table gives the
+median steps/s and its ratio to the baseline. The first losses are printed beside them:
+a variant meant to change only the speed must show the baseline's.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from launch.markdown import markdown_table
+
+
+def parse_variant(text: str) -> dict[str, Any]:
+    """'model.a=1,data.b=x' -> {'model.a': 1, 'data.b': 'x'} (Python literals, else text);
+    ValueError naming an item without '='."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r}: give KEY=VALUE, e.g. model.remat=True")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    if not out:
+        raise ValueError(f"{text!r}: give KEY=VALUE[,KEY=VALUE]")
+    return out
+
+
+def apply_overrides(config, overrides: dict[str, Any]):
+    """A copy of `config` with the dotted keys set; ValueError naming a key it lacks."""
+    config = copy.deepcopy(config)
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for p in parents:
+            if p not in node:
+                raise ValueError(f"{key}: the config has no section {p!r}")
+            node = node[p]
+        if leaf not in node:
+            raise ValueError(f"{key}: the config has no key {leaf!r} there")
+        node[leaf] = value
+    return config
+
+
+class _Run:
+    """One variant's compiled step, state and batches."""
+
+    def __init__(self, name: str, config, steps: int):
+        from mlperf.trainer import build_trainer
+
+        self.name = name
+        trainer = build_trainer(config)
+        phase = trainer.phases[0]
+        partitioner = trainer.partitioner
+        layout = partitioner.data_layout(phase.global_batch_size)
+        it = iter(
+            trainer.task.train_data(
+                phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+            )
+        )
+        self.batches = [partitioner.host_to_global(next(it), layout) for _ in range(steps)]
+        del it
+        self.step = trainer.lower_train_step(phase).compile()
+        self.state = trainer.init_state()
+        self.key = partitioner.replicate(lambda: jax.random.key(0))
+        self.first_losses = []
+        for batch in self.batches[:3]:  # warm-up (up to 3 steps); the state moves on
+            self.state, metrics = self.step(self.state, batch, self.key)
+            self.first_losses.append(float(metrics["loss"]))
+        self.rates: list[float] = []
+
+    def time_round(self) -> None:
+        start = time.perf_counter()
+        for batch in self.batches:
+            self.state, metrics = self.step(self.state, batch, self.key)
+        jax.block_until_ready(metrics)
+        self.rates.append(len(self.batches) / (time.perf_counter() - start))
+
+
+def bench(config, variants: Sequence[str], steps: int, rounds: int) -> list[dict]:
+    """Rows of (variant, steps/s median, per round, ratio to the baseline, first losses)."""
+    configs = [("baseline", config)] + [
+        (v, apply_overrides(config, parse_variant(v))) for v in variants
+    ]
+    from mlperf.validate import validate
+    from parallel.mesh import select_devices
+
+    for _, c in configs:  # every variant's errors before any compile
+        validate(c, len(select_devices(jax.devices(), c.mesh.get("num_devices", 0))))
+    runs = [_Run(name, c, steps) for name, c in configs]
+    for _ in range(rounds):
+        for run in runs:
+            run.time_round()
+    base = statistics.median(runs[0].rates)
+    return [
+        {
+            "variant": run.name,
+            "steps_per_s": statistics.median(run.rates),
+            "rounds": run.rates,
+            "vs_baseline": statistics.median(run.rates) / base,
+            "first_losses": run.first_losses,
+        }
+        for run in runs
+    ]
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a markdown table."""
+    return markdown_table(
+        ["variant", "steps/s (median)", "rounds", "vs baseline", "first losses"],
+        [
+            [
+                f"`{r['variant']}`",
+                f"{r['steps_per_s']:.2f}",
+                " / ".join(f"{x:.2f}" for x in r["rounds"]),
+                f"{r['vs_baseline']:.2f}x",
+                " / ".join(f"{x:.4f}" for x in r["first_losses"]),
+            ]
+            for r in rows
+        ],
+    )
