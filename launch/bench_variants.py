@@ -1,10 +1,12 @@
 """`python -m launch.bench variants --config C --change K=V[,K=V] ...`: the train step of a
 config and of variants of it, timed in turns in one process.
 
-Every variant (and the config as given, the baseline) is built, compiled and fed the same
-real batches of its first phase, from the same initial state. Rounds time `steps` steps
-of each in turn, so a machine whose speed drifts affects all alike; the table gives the
-median steps/s and its ratio to the baseline. The first losses are printed beside them:
+Every variant (and the config as given, the baseline) is built and compiled, starts from
+the same initial state and reads its first phase's real input stream as the train loop
+does: the next host batch is read while the device runs the step, so input settings
+(`data.read_threads`) count too. Rounds time `steps` steps of each in turn, so a machine
+whose speed drifts affects all alike; the table gives the median steps/s and its ratio
+to the baseline. The first losses are printed beside them:
 a variant meant to change only the speed must show the baseline's.
 """
 
@@ -56,38 +58,44 @@ def apply_overrides(config, overrides: dict[str, Any]):
 
 
 class _Run:
-    """One variant's compiled step, state and batches."""
+    """One variant's compiled step, state and live input, fed as the train loop feeds it."""
 
     def __init__(self, name: str, config, steps: int):
         from mlperf.trainer import build_trainer
 
         self.name = name
+        self.steps = steps
         trainer = build_trainer(config)
         phase = trainer.phases[0]
-        partitioner = trainer.partitioner
-        layout = partitioner.data_layout(phase.global_batch_size)
-        it = iter(
+        self.partitioner = trainer.partitioner
+        self.layout = self.partitioner.data_layout(phase.global_batch_size)
+        self.iterator = iter(
             trainer.task.train_data(
-                phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+                phase, self.layout.host_batch_size, self.layout.shard_index, self.layout.shard_count
             )
         )
-        self.batches = [partitioner.host_to_global(next(it), layout) for _ in range(steps)]
-        del it
         self.step = trainer.lower_train_step(phase).compile()
         self.state = trainer.init_state()
-        self.key = partitioner.replicate(lambda: jax.random.key(0))
-        self.first_losses = []
-        for batch in self.batches[:3]:  # warm-up (up to 3 steps); the state moves on
-            self.state, metrics = self.step(self.state, batch, self.key)
-            self.first_losses.append(float(metrics["loss"]))
+        self.key = self.partitioner.replicate(lambda: jax.random.key(0))
+        self.pending = next(self.iterator)
+        # Warm-up: the first three steps, whose losses show whether a variant trains alike.
+        self.first_losses = [float(self._step()["loss"]) for _ in range(min(3, steps))]
         self.rates: list[float] = []
+
+    def _step(self):
+        """One train step on the pending batch; the next host batch is read while the
+        device works, as in mlperf.loop."""
+        batch = self.partitioner.host_to_global(self.pending, self.layout)
+        self.state, metrics = self.step(self.state, batch, self.key)
+        self.pending = next(self.iterator)
+        return metrics
 
     def time_round(self) -> None:
         start = time.perf_counter()
-        for batch in self.batches:
-            self.state, metrics = self.step(self.state, batch, self.key)
+        for _ in range(self.steps):
+            metrics = self._step()
         jax.block_until_ready(metrics)
-        self.rates.append(len(self.batches) / (time.perf_counter() - start))
+        self.rates.append(self.steps / (time.perf_counter() - start))
 
 
 def bench(config, variants: Sequence[str], steps: int, rounds: int) -> list[dict]:
