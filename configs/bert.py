@@ -208,7 +208,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             train_head_vocab_slice=2048,
             train_head_dtype="bfloat16",
             # The last layer at [CLS] and the 10 masked positions only (11 of 64 rows):
-            # the step runs 1.28x faster, the same outputs (docs/performance.md).
+            # the step runs 1.2x faster, the same outputs (docs/performance.md).
             last_layer_head_positions_only=True,
         )
         c.data.update(
