@@ -64,6 +64,11 @@ _PEER_STEPS = flags.DEFINE_integer("peer_steps", 3, "peers: train steps per side
 _PEER_THREADS = flags.DEFINE_integer(
     "peer_threads", 0, "peers: CPU threads for both sides (0: each library's default)."
 )
+_PEER_LAST_ROWS = flags.DEFINE_bool(
+    "peer_last_layer_rows",
+    False,
+    "peers: our BERT's last layer at the heads' rows only (model.last_layer_head_positions_only).",
+)
 _PEER_EINSUM = flags.DEFINE_bool(
     "peer_einsum_gather", False, "peers: our one-hot einsum lookups (the TPU choice) on CPU."
 )
@@ -213,6 +218,7 @@ def peers_main() -> None:
         _ROUNDS.value,
         _PEER_STEPS.value,
         _PEER_EINSUM.value,
+        _PEER_LAST_ROWS.value,
     )
     print(json.dumps(rows, indent=2) if _JSON.value else bench_peers.table(rows))
 

@@ -18,6 +18,9 @@ is reported with the ratio ours / peer.
 Differences that are part of the designs, not of this benchmark: Hugging Face computes
 the masked-LM head over all L positions ([B, L, V] logits, labels -100 elsewhere); ours
 gathers the P masked positions first ([B, P, V]), as the MLPerf reference does.
+`--peer_last_layer_rows` also makes our last encoder layer at [CLS] and the masked
+positions only (`model.last_layer_head_positions_only`, as `bert:wikitext`): the same
+outputs with less work, which Hugging Face's model has no setting for.
 """
 
 from __future__ import annotations
@@ -97,8 +100,11 @@ def synthetic_bert_batch(size: BertSize, seed: int = 0) -> dict[str, np.ndarray]
     }
 
 
-def ours_bert_step(size: BertSize, einsum_gather: bool) -> Callable[[], Any]:
-    """Our compiled BERT train step on one device; returns a closure running one step."""
+def ours_bert_step(
+    size: BertSize, einsum_gather: bool, last_layer_rows: bool = False
+) -> Callable[[], Any]:
+    """Our compiled BERT train step on one device; returns a closure running one step.
+    `last_layer_rows`: model.last_layer_head_positions_only."""
     from configs.bert import get_config
     from mlperf.trainer import build_trainer
 
@@ -111,6 +117,7 @@ def ours_bert_step(size: BertSize, einsum_gather: bool) -> Callable[[], Any]:
         mlp_dim=size.mlp_dim,
         max_position=max(size.seq_length, 64),
         dropout_rate=size.dropout_rate,
+        last_layer_head_positions_only=last_layer_rows,
     )
     c.data.update(
         seq_length=size.seq_length, max_predictions=size.max_predictions, vocab_size=size.vocab_size
@@ -230,11 +237,11 @@ def compare(
 
 
 def bench_bert(
-    size: BertSize, rounds: int, steps: int, einsum_gather: bool
+    size: BertSize, rounds: int, steps: int, einsum_gather: bool, last_layer_rows: bool = False
 ) -> list[dict[str, Any]]:
     """Our BERT against Hugging Face's (stock, and with the head on masked positions)."""
     sides = {
-        "ours": ours_bert_step(size, einsum_gather),
+        "ours": ours_bert_step(size, einsum_gather, last_layer_rows),
         "hf_bert": hf_bert_step(size),
         "hf_bert_gathered": hf_bert_step(size, gathered_head=True),
     }
@@ -242,6 +249,7 @@ def bench_bert(
     for row in rows:
         row["size"] = dataclasses.asdict(size)
         row["einsum_gather"] = einsum_gather
+        row["last_layer_rows"] = last_layer_rows
     return rows
 
 
@@ -405,7 +413,12 @@ def bench_transformer(sizes: list[str], rounds: int, steps: int) -> list[dict[st
 
 
 def run_peers(
-    models: list[str], sizes: list[str], rounds: int, steps: int, einsum_gather: bool
+    models: list[str],
+    sizes: list[str],
+    rounds: int,
+    steps: int,
+    einsum_gather: bool,
+    last_layer_rows: bool = False,
 ) -> list[dict[str, Any]]:
     """Every requested comparison; a model whose code is not in the repo is skipped with a
     note row (the Transformer lands separately)."""
@@ -416,7 +429,7 @@ def run_peers(
     for model in models:
         if model == "bert":
             for s in sizes:
-                rows += bench_bert(BERT_SIZES[s], rounds, steps, einsum_gather)
+                rows += bench_bert(BERT_SIZES[s], rounds, steps, einsum_gather, last_layer_rows)
         elif model == "transformer":
             if not os.path.exists(_TRANSFORMER_MODEL):
                 print(f"transformer: skipped, {_TRANSFORMER_MODEL} is not in this checkout yet")

@@ -47,6 +47,22 @@ def cpu_env(devices: int = 8) -> dict[str, str]:
     )
 
 
+def assert_bench_usage_error(args: list[str], message: str) -> None:
+    """`python -m launch.bench ARGS` fails with exit 2 and `message`, no traceback."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.bench", *args],
+        cwd=REPO,
+        env=cpu_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert message in out.stderr
+
+
 def tiny_train_command(workdir, *overrides: str) -> list[str]:
     """`python -m launch.train` on the tiny BERT config, as a subprocess argv."""
     return [

@@ -3,11 +3,8 @@ and the CLI's one-line errors."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from conftest import REPO, cpu_env, small_bert_config
+from conftest import assert_bench_usage_error, small_bert_config
 
 from launch import bench_eval
 from mlperf.validate import ConfigError
@@ -52,13 +49,4 @@ def test_bench_refuses_a_config_without_the_setting():
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "eval", *args],
-        cwd=REPO,
-        env=cpu_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    assert message in out.stderr
+    assert_bench_usage_error(["eval", *args], message)

@@ -34,6 +34,16 @@ def test_bert_sides_train_the_same_task(bert_sides):
 
 
 @pytest.mark.xdist_group("bench_peers")
+def test_our_bert_with_the_last_layer_rows_trains_alike():
+    """--peer_last_layer_rows builds our side with the flag: the same first two losses."""
+    full = bp.ours_bert_step(BERT, einsum_gather=False)
+    rows = bp.ours_bert_step(BERT, einsum_gather=False, last_layer_rows=True)
+    first, second = full(), full()
+    assert rows() == pytest.approx(first, rel=1e-5)
+    assert rows() == pytest.approx(second, rel=1e-5)
+
+
+@pytest.mark.xdist_group("bench_peers")
 def test_bert_one_round_table(bert_sides):
     rows = bp.compare("bert:test", bert_sides, BERT.batch_size, rounds=1, steps=1, warmup=0)
     assert [r["peer"] for r in rows] == ["hf_bert", "hf_bert_gathered"]

@@ -4,11 +4,8 @@ errors."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from conftest import REPO, cpu_env, small_bert_config
+from conftest import assert_bench_usage_error, small_bert_config
 
 from launch import bench_variants
 
@@ -67,13 +64,4 @@ def test_bench_times_the_baseline_and_each_variant_in_turns():
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "variants", *args],
-        cwd=REPO,
-        env=cpu_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr
-    assert message in out.stderr
+    assert_bench_usage_error(["variants", *args], message)
