@@ -42,18 +42,12 @@ def parse_variant(text: str) -> dict[str, Any]:
 
 
 def apply_overrides(config, overrides: dict[str, Any]):
-    """A copy of `config` with the dotted keys set; ValueError naming a key it lacks."""
+    """A copy of `config` with the dotted keys set; ConfigError naming a key it lacks."""
+    from mlperf.validate import set_config_key
+
     config = copy.deepcopy(config)
     for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            if p not in node:
-                raise ValueError(f"{key}: the config has no section {p!r}")
-            node = node[p]
-        if leaf not in node:
-            raise ValueError(f"{key}: the config has no key {leaf!r} there")
-        node[leaf] = value
+        set_config_key(config, key, value)
     return config
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec
 
+from mlperf.validate import set_config_key
 from parallel.weight_update import is_layout
 
 GOLDEN_DIR = "tests/golden/sharding"
@@ -40,11 +41,7 @@ class GoldenCase:
     def config(self):
         config = importlib.import_module(f"configs.{self.benchmark}").get_config(self.variant)
         for key, value in self.overrides:
-            node = config
-            *parents, leaf = key.split(".")
-            for p in parents:
-                node = node[p]
-            node[leaf] = value
+            set_config_key(config, key, value)
         return config
 
 

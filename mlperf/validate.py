@@ -173,6 +173,20 @@ def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: 
             )
 
 
+def set_config_key(config, key: str, value) -> None:
+    """Sets the dotted `key` ("model.remat") of `config`; ConfigError naming a section or
+    key the config lacks (a typo must not add a key nothing reads)."""
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+        if p not in node:
+            raise ConfigError(f"{key}: the config has no section {p!r}")
+        node = node[p]
+    if leaf not in node:
+        raise ConfigError(f"{key}: the config has no key {leaf!r} there")
+    node[leaf] = value
+
+
 def apply_mesh_override(config, mesh_text: str) -> None:
     """`data=8,model=1` -> config.mesh.axes / ici_shape (single slice)."""
     if not mesh_text:
