@@ -156,3 +156,55 @@ def test_eval_step_of_a_host_metrics_task_is_the_detection_program(devices):
     stats = compiled_stats(lowered.compile(), lowered)
     # The detector's forward pass: 1.2e9 matmul FLOPs per device; the count alone has 0.
     assert stats["matmul_flops"] > 1e8
+
+
+def test_flat_views_as_rows_reduce_scatter_cheaper_on_the_multipod():
+    """Weight-update views with model shards in front hold a row per replica
+    ([4, 2048, n], parallel/weight_update.py): the TPU compiler's estimate of
+    reduce-scattering them over 2048 replicas is below that of the same views split
+    along their last dimension ([4, 2048 n]), the layout they had before."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from parallel.aot import cost_analysis
+    from parallel.data_parallel import reduce_gradients
+    from parallel.weight_update import flat_layout
+
+    devices = np.array(get_topology("v3:64x64").devices).reshape(2048, 4)
+    mesh = Mesh(devices, ("data", "model"))
+    sizes = {"data": 2048, "model": 4}
+    rows = flat_layout((1024, 1024), PartitionSpec(None, "model"), "data", sizes)
+    assert rows.view_shape == (4, 2048, 128)
+    split = dataclasses.replace(rows, rows=0, spec=PartitionSpec("model", "data"))
+    assert split.view_shape == (4, 262144)
+
+    def estimate(layout) -> float:
+        layouts = [layout] * 8
+        # Manual over data only: the model split stays XLA's, as in the train step.
+        manual = PartitionSpec(*("data" if e == "data" else None for e in layout.spec))
+        out = [manual] * len(layouts)
+
+        def per_replica(grads):
+            return reduce_gradients(grads, layouts, "data")
+
+        step = jax.jit(
+            jax.shard_map(
+                per_replica,
+                mesh=mesh,
+                in_specs=(PartitionSpec(),),
+                out_specs=out,
+                axis_names={"data"},
+            )
+        )
+        w = jax.ShapeDtypeStruct(
+            (1024, 1024), jnp.float32, sharding=NamedSharding(mesh, PartitionSpec(None, "model"))
+        )
+        return float(cost_analysis(step.lower([w] * 8).compile())["optimal_seconds"])
+
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        as_rows, as_split = estimate(rows), estimate(split)
+    assert 0 < as_rows < 0.7 * as_split, (as_rows, as_split)  # measured 0.078 vs 0.137 ms
