@@ -121,18 +121,14 @@ def load_config(model: str, variant: str, overrides: tuple[tuple[str, str], ...]
     """The config `configs/<model>.py:<variant>` with a row's overrides applied."""
     import importlib
 
-    from mlperf.validate import apply_mesh_override  # the same parsing as the command line
+    from mlperf.validate import apply_mesh_override, set_config_key  # as the command line
 
     config = importlib.import_module(f"configs.{model}").get_config(variant)
     for key, value in overrides:
         if key == "mesh":
             apply_mesh_override(config, value)
             continue
-        node, *path = key.removeprefix("config.").split(".")
-        parent = config[node]
-        for part in path[:-1]:
-            parent = parent[part]
-        parent[path[-1]] = type(parent[path[-1]])(value)
+        set_config_key(config, key.removeprefix("config."), value, convert=True)
     return config
 
 

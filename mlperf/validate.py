@@ -173,9 +173,10 @@ def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: 
             )
 
 
-def set_config_key(config, key: str, value) -> None:
+def set_config_key(config, key: str, value, convert: bool = False) -> None:
     """Sets the dotted `key` ("model.remat") of `config`; ConfigError naming a section or
-    key the config lacks (a typo must not add a key nothing reads)."""
+    key the config lacks (a typo must not add a key nothing reads). `convert`: `value` is
+    text, cast to the type of the value it replaces."""
     node = config
     *parents, leaf = key.split(".")
     for p in parents:
@@ -184,7 +185,7 @@ def set_config_key(config, key: str, value) -> None:
         node = node[p]
     if leaf not in node:
         raise ConfigError(f"{key}: the config has no key {leaf!r} there")
-    node[leaf] = value
+    node[leaf] = type(node[leaf])(value) if convert else value
 
 
 def apply_mesh_override(config, mesh_text: str) -> None:

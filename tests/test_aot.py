@@ -171,7 +171,7 @@ def test_flat_views_as_rows_reduce_scatter_cheaper_on_the_multipod():
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from parallel.aot import cost_analysis
-    from parallel.data_parallel import reduce_gradients
+    from parallel.data_parallel import _manual_spec, reduce_gradients
     from parallel.weight_update import flat_layout
 
     devices = np.array(get_topology("v3:64x64").devices).reshape(2048, 4)
@@ -185,8 +185,7 @@ def test_flat_views_as_rows_reduce_scatter_cheaper_on_the_multipod():
     def estimate(layout) -> float:
         layouts = [layout] * 8
         # Manual over data only: the model split stays XLA's, as in the train step.
-        manual = PartitionSpec(*("data" if e == "data" else None for e in layout.spec))
-        out = [manual] * len(layouts)
+        out = [_manual_spec(layout.spec, "data")] * len(layouts)
 
         def per_replica(grads):
             return reduce_gradients(grads, layouts, "data")
