@@ -40,14 +40,33 @@ def batch_group_sum(local: jax.Array, rows: int, group_size: int) -> tuple[jax.A
         return jnp.broadcast_to(g, (rows // group_size, group_size, g.shape[-1])).reshape(
             rows, -1
         ), group_size
-    # The group spans several replicas: gather every replica's sums (C floats each)
-    # and add up those of this replica's group.
+    # The group spans several consecutive replicas: add up their sums with
+    # collective-permutes of C floats (an all-gather of every replica's sums would
+    # move replicas x C floats, and its gradient a reduce-scatter of as many).
     if group_size % rows:
         raise ValueError(
             f"batch-norm group {group_size} is not a multiple of the {rows} rows per replica."
         )
-    per_group = group_size // rows
-    sums = jax.lax.all_gather(jnp.sum(local, axis=0), axis)  # [replicas, C]
-    first = (jax.lax.axis_index(axis) // per_group) * per_group
-    mine = jax.lax.dynamic_slice_in_dim(sums, first, per_group, axis=0)
-    return jnp.sum(mine, axis=0, keepdims=True), group_size
+    return replica_group_sum(jnp.sum(local, axis=0, keepdims=True), axis, group_size // rows), (
+        group_size
+    )
+
+
+def replica_group_sum(x: jax.Array, axis: str, group: int) -> jax.Array:
+    """Sums `x` over each block of `group` consecutive replicas of `axis` (inside a
+    shard_map manual over it): recursive doubling (log2(group) exchanges) when `group`
+    is a power of two, else group - 1 shifts around the block."""
+    size = jax.lax.axis_size(axis)
+    if group == 1:
+        return x
+    if group & (group - 1) == 0:
+        d = 1
+        while d < group:
+            x = x + jax.lax.ppermute(x, axis, [(i, i ^ d) for i in range(size)])
+            d *= 2
+        return x
+    total = x
+    for k in range(1, group):
+        pairs = [(i, i - i % group + (i % group + k) % group) for i in range(size)]
+        total = total + jax.lax.ppermute(x, axis, pairs)
+    return total

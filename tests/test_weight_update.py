@@ -49,6 +49,26 @@ def test_flat_layout_keeps_model_shards_in_front():
     assert flat_layout((30, 45), P(None, "model"), "data", sizes) is None
 
 
+def test_a_view_of_whole_tiles_is_in_the_tpu_tile_order():
+    """A 1-D view whose last two dimensions are whole float32 TPU tiles (8 x 128) lists
+    the elements tile by tile, as the TPU stores the parameter; other shapes stay in
+    row-major order. Both round-trip."""
+    sizes = {"data": 64, "model": 1}
+    x = np.arange(3 * 16 * 256, dtype=np.float32).reshape(3, 16, 256)
+    lay = flat_layout(x.shape, P(), "data", sizes)
+    assert lay.view_shape == (x.size,) and lay.spec == P("data")
+    view = np.asarray(lay.to_view(jnp.asarray(x)))
+    np.testing.assert_array_equal(view[:1024], x[0, :8, :128].ravel())  # the first tile
+    np.testing.assert_array_equal(view[1024:2048], x[0, :8, 128:].ravel())  # beside it
+    np.testing.assert_array_equal(view[2048:3072], x[0, 8:, :128].ravel())  # below it
+    np.testing.assert_array_equal(np.asarray(lay.from_view(jnp.asarray(view))), x)
+    odd = np.arange(3 * 16 * 324, dtype=np.float32).reshape(3, 16, 324)  # 324 lanes: no
+    lay = flat_layout(odd.shape, P(), "data", sizes)
+    view = np.asarray(lay.to_view(jnp.asarray(odd)))
+    np.testing.assert_array_equal(view[: odd.size], odd.ravel())
+    np.testing.assert_array_equal(np.asarray(lay.from_view(jnp.asarray(view))), odd)
+
+
 def test_a_kept_stack_dimension_stays_whole_in_front_of_the_view():
     """A scanned layer stack [L, ...] keeps L as the view's first dimension, so each
     layer's elements stay apart (per-layer LAMB trust ratios), and round-trips."""
