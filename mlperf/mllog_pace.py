@@ -9,6 +9,10 @@ Two clocks are in such a log, and they differ for a program dispatched asynchron
   after the device has run every step before it, so the time between two results over
   the steps between them is the device's pace (train steps plus one evaluation).
 
+Epoch numbers are steps in Google's v0.7 BERT logs; in the others (SSD, Transformer,
+Mask R-CNN, ResNet) an epoch is a pass over `train_samples` at `global_batch_size`
+examples per step, and paces are divided by those steps per epoch.
+
     pace = step_pace(open("result_0.txt").read())
     pace["dispatch_ms_per_step"], pace["device_ms_per_step"]
 """
@@ -34,13 +38,30 @@ def events(log_text: str) -> list[dict[str, Any]]:
     return out
 
 
+# Benchmarks whose logs number epochs in steps (Google's v0.7 BERT: blocks of 62).
+EPOCHS_ARE_STEPS = ("bert",)
+
+
+def steps_per_epoch(evs: list[dict[str, Any]]) -> float:
+    """Train steps per logged epoch: 1 for EPOCHS_ARE_STEPS benchmarks and logs without
+    `train_samples` / `global_batch_size`, else train_samples / global_batch_size."""
+    values = {e.get("key"): e.get("value") for e in evs}
+    if values.get("submission_benchmark") in EPOCHS_ARE_STEPS:
+        return 1.0
+    samples, batch = values.get("train_samples"), values.get("global_batch_size")
+    numbers = all(isinstance(v, (int, float)) and v > 0 for v in (samples, batch))
+    return samples / batch if numbers else 1.0
+
+
 def step_pace(log_text: str) -> dict[str, Any]:
     """Host dispatch pace (median over blocks) and device pace (between consecutive
-    eval results) in ms per step, with the run's length and the steps at each eval.
+    eval results) in ms per step, with the run's length, the steps at each eval and the
+    steps per logged epoch.
 
     A key is missing when the log lacks its events (no blocks, fewer than two evals).
     """
     evs = events(log_text)
+    per_epoch = steps_per_epoch(evs)
     blocks, evals, times = [], [], {}
     start = None
     for e in evs:
@@ -48,13 +69,13 @@ def step_pace(log_text: str) -> dict[str, Any]:
         if key == "block_start":
             start = e["time_ms"]
         elif key == "block_stop" and start is not None and meta.get("epoch_count"):
-            blocks.append((e["time_ms"] - start) / meta["epoch_count"])
+            blocks.append((e["time_ms"] - start) / (meta["epoch_count"] * per_epoch))
             start = None
         elif key == "eval_accuracy" and "epoch_num" in meta:
-            evals.append((meta["epoch_num"], e["time_ms"]))
+            evals.append((meta["epoch_num"] * per_epoch, e["time_ms"]))
         elif key in ("run_start", "run_stop"):
             times[key] = e["time_ms"]
-    out: dict[str, Any] = {"eval_steps": [s for s, _ in evals]}
+    out: dict[str, Any] = {"eval_steps": [s for s, _ in evals], "steps_per_epoch": per_epoch}
     if blocks:
         out["dispatch_ms_per_step"] = statistics.median(blocks)
     pairs = zip(evals, evals[1:], strict=False)

@@ -36,6 +36,33 @@ def test_dispatch_and_device_pace_are_read_apart():
     assert pace["eval_steps"] == [20, 30] and pace["run_s"] == pytest.approx(2.1)
 
 
+def test_epochs_over_the_data_are_counted_in_steps():
+    """An SSD-style log numbers real epochs: train_samples / global_batch_size steps
+    each (here 4 steps), so a 200-ms one-epoch block is 50 ms per step; a BERT log's
+    epochs are its steps."""
+    head = [
+        _line("submission_benchmark", 0),
+        _line("train_samples", 0),
+        _line("global_batch_size", 0),
+    ]
+    head = [
+        h.replace('"value": null', f'"value": {v}')
+        for h, v in zip(head, ['"ssd"', 400, 100], strict=True)
+    ]
+    body = [
+        _line("block_start", 0, first_epoch_num=1, epoch_count=1),
+        _line("block_stop", 200, first_epoch_num=1, epoch_count=1),
+        _line("eval_accuracy", 1000, epoch_num=5),
+        _line("eval_accuracy", 2200, epoch_num=10),
+    ]
+    pace = step_pace("\n".join(head + body))
+    assert pace["steps_per_epoch"] == 4.0 and pace["eval_steps"] == [20.0, 40.0]
+    assert pace["dispatch_ms_per_step"] == pytest.approx(50.0)
+    assert pace["device_ms_per_step"] == pytest.approx(60.0)
+    bert = step_pace("\n".join([head[0].replace('"ssd"', '"bert"'), *head[1:], *body]))
+    assert bert["steps_per_epoch"] == 1.0 and bert["dispatch_ms_per_step"] == 200.0
+
+
 def test_a_log_without_evals_has_no_device_pace():
     pace = step_pace(
         _line("block_start", 0, epoch_count=4) + "\n" + _line("block_stop", 40, epoch_count=4)
