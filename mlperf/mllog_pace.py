@@ -42,14 +42,26 @@ def events(log_text: str) -> list[dict[str, Any]]:
 EPOCHS_ARE_STEPS = ("bert",)
 
 
+def _value(evs: list[dict[str, Any]], key: str) -> Any:
+    return next((e.get("value") for e in evs if e.get("key") == key), None)
+
+
+def samples_per_epoch(evs: list[dict[str, Any]]) -> float | None:
+    """Samples per logged epoch: `global_batch_size` for EPOCHS_ARE_STEPS benchmarks,
+    else `train_samples`; None where the log lacks the value."""
+    key = (
+        "global_batch_size"
+        if _value(evs, "submission_benchmark") in EPOCHS_ARE_STEPS
+        else "train_samples"
+    )
+    value = _value(evs, key)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def steps_per_epoch(evs: list[dict[str, Any]]) -> float:
-    """Train steps per logged epoch: 1 for EPOCHS_ARE_STEPS benchmarks and logs without
-    `train_samples` / `global_batch_size`, else train_samples / global_batch_size."""
-    values = {e.get("key"): e.get("value") for e in evs}
-    if values.get("submission_benchmark") in EPOCHS_ARE_STEPS:
-        return 1.0
-    samples, batch = values.get("train_samples"), values.get("global_batch_size")
-    numbers = all(isinstance(v, (int, float)) and v > 0 for v in (samples, batch))
+    """Train steps per logged epoch (1 where the log cannot say)."""
+    samples, batch = samples_per_epoch(evs), _value(evs, "global_batch_size")
+    numbers = samples is not None and isinstance(batch, (int, float)) and batch > 0
     return samples / batch if numbers else 1.0
 
 

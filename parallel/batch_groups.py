@@ -47,9 +47,8 @@ def batch_group_sum(local: jax.Array, rows: int, group_size: int) -> tuple[jax.A
         raise ValueError(
             f"batch-norm group {group_size} is not a multiple of the {rows} rows per replica."
         )
-    return replica_group_sum(jnp.sum(local, axis=0, keepdims=True), axis, group_size // rows), (
-        group_size
-    )
+    sums = replica_group_sum(jnp.sum(local, axis=0, keepdims=True), axis, group_size // rows)
+    return sums, group_size
 
 
 def replica_group_sum(x: jax.Array, axis: str, group: int) -> jax.Array:
@@ -57,8 +56,6 @@ def replica_group_sum(x: jax.Array, axis: str, group: int) -> jax.Array:
     shard_map manual over it): recursive doubling (log2(group) exchanges) when `group`
     is a power of two, else group - 1 shifts around the block."""
     size = jax.lax.axis_size(axis)
-    if group == 1:
-        return x
     if group & (group - 1) == 0:
         d = 1
         while d < group:

@@ -25,6 +25,28 @@ def test_v07_epoch_blocks_give_the_step_time_and_steps_to_target():
     assert summary["steps_to_target"] == pytest.approx(4 * 566340 / 2048)  # 1,106 steps
 
 
+def test_bert_v07_epochs_are_steps_whatever_train_samples_says():
+    """Google's v0.7 BERT logs number epochs in steps (blocks of 62) and log the run's
+    whole sample budget as train_samples: two 62-step blocks of 1.05 s give 16.9 ms
+    per step and 124 steps, not train_samples x 62 samples per block."""
+
+    def ev(key, t=0, value=None, **metadata):
+        return {"key": key, "time_ms": t, "value": value, "metadata": metadata}
+
+    events = [
+        ev("submission_benchmark", value="bert"),
+        ev("global_batch_size", value=8192),
+        ev("train_samples", value=4587520),
+        ev("block_start", 0, first_epoch_num=0, epoch_count=62),
+        ev("block_stop", 1050, first_epoch_num=0, epoch_count=62),
+        ev("block_start", 1100, first_epoch_num=62, epoch_count=62),
+        ev("block_stop", 2150, first_epoch_num=62, epoch_count=62),
+    ]
+    summary = published_logs.step_summary(events)
+    assert summary["step_s"] == pytest.approx(1.05 / 62)
+    assert summary["steps_to_target"] == pytest.approx(124)
+
+
 def test_samples_count_blocks_and_a_log_without_a_batch_size():
     def ev(key, t, **metadata):
         return {"key": key, "time_ms": t, "value": None, "metadata": metadata}

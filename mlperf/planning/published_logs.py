@@ -6,9 +6,9 @@ Every MLPerf log marks training blocks with `block_start` / `block_stop`; a bloc
 length in samples comes from its metadata, in either form the rounds use:
 
 - `samples_count` (later rounds): samples at block_stop minus samples at block_start;
-- `first_epoch_num` / `epoch_count` (v0.7): epoch_count epochs of `train_samples` samples
-  each (the logged `train_samples` value; without one, an "epoch" is taken as one
-  sample, as BERT's logs count samples in their epoch numbers).
+- `first_epoch_num` / `epoch_count` (v0.7): epoch_count epochs, each of the samples
+  `mlperf.mllog_pace.samples_per_epoch` gives (`train_samples`; BERT's epochs are steps
+  of `global_batch_size`; without either, an "epoch" is taken as one sample).
 
 Steps in a block = its samples / `global_batch_size`; time per step = the block's
 wall time / its steps. Steps to target: the samples at `run_stop` (its `samples_count`,
@@ -20,6 +20,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from typing import Any
+
+from mlperf.mllog_pace import samples_per_epoch
 
 
 def _value(events: Sequence[dict[str, Any]], key: str) -> Any:
@@ -40,7 +42,7 @@ def block_step_times(events: Sequence[dict[str, Any]]) -> list[float]:
     gbs = _value(events, "global_batch_size")
     if not gbs:
         raise ValueError("the log has no global_batch_size: steps cannot be counted.")
-    epoch_samples = float(_value(events, "train_samples") or 1)
+    epoch_samples = samples_per_epoch(list(events)) or 1.0
     times, start = [], None
     for e in events:
         if e.get("key") == "block_start":
@@ -63,7 +65,7 @@ def steps_to_target(events: Sequence[dict[str, Any]]) -> float | None:
     meta = (stop or {}).get("metadata") or {}
     if "samples_count" in meta:
         return float(meta["samples_count"]) / float(gbs)
-    epoch_samples = float(_value(events, "train_samples") or 1)
+    epoch_samples = samples_per_epoch(list(events)) or 1.0
     ends = [
         (e.get("metadata") or {}).get("first_epoch_num", 0)
         + (e.get("metadata") or {}).get("epoch_count", 0)
