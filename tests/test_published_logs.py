@@ -47,6 +47,30 @@ def test_bert_v07_epochs_are_steps_whatever_train_samples_says():
     assert summary["steps_to_target"] == pytest.approx(124)
 
 
+def test_steps_to_target_stop_at_the_evaluation_that_reached_it():
+    """Google's v0.7 SSD logs evaluate behind training: the epoch-80 result that stops the
+    run arrives while epoch 110 trains, and blocks go on after run_stop. Steps to target
+    are 80 epochs of 118,287 samples at batch 4096 (2,310 steps), not the 120 epochs the
+    blocks reach (3,465)."""
+
+    def ev(key, t=0, value=None, **metadata):
+        return {"key": key, "time_ms": t, "value": value, "metadata": metadata}
+
+    events = [ev("global_batch_size", value=4096), ev("train_samples", value=118287)]
+    t = 0
+    for epoch in range(1, 121):
+        events += [ev("block_start", t, first_epoch_num=epoch, epoch_count=1)]
+        events += [ev("block_stop", t + 100, first_epoch_num=epoch, epoch_count=1)]
+        t += 110
+        if epoch > 30 and epoch % 5 == 0:  # the result of the evaluation 30 epochs back
+            events.append(ev("eval_accuracy", t, 0.20 + (epoch - 30) / 1000, epoch_num=epoch - 30))
+        if epoch == 110:
+            events.append(ev("run_stop", t, status="success"))
+    assert published_logs.steps_to_target(events) == pytest.approx(80 * 118287 / 4096)
+    no_evals = [e for e in events if e["key"] != "eval_accuracy"]
+    assert published_logs.steps_to_target(no_evals) == pytest.approx(110 * 118287 / 4096)
+
+
 def test_samples_count_blocks_and_a_log_without_a_batch_size():
     def ev(key, t, **metadata):
         return {"key": key, "time_ms": t, "value": None, "metadata": metadata}

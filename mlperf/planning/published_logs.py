@@ -12,7 +12,8 @@ length in samples comes from its metadata, in either form the rounds use:
 
 Steps in a block = its samples / `global_batch_size`; time per step = the block's
 wall time / its steps. Steps to target: the samples at `run_stop` (its `samples_count`,
-else the end of the last block) / `global_batch_size`.
+else the epoch of the evaluation that reached the target, else the end of the last block
+before `run_stop`) / `global_batch_size`.
 """
 
 from __future__ import annotations
@@ -57,7 +58,15 @@ def block_step_times(events: Sequence[dict[str, Any]]) -> list[float]:
 
 
 def steps_to_target(events: Sequence[dict[str, Any]]) -> float | None:
-    """Training steps the run took to its target, or None if the log cannot say."""
+    """Training steps the run took to its target, or None if the log cannot say.
+
+    From `run_stop`'s `samples_count` when it has one; in v0.7 logs from the epoch of the
+    last `eval_accuracy` before `run_stop` (the evaluation that reached the target: its
+    `epoch_num` counts the epochs trained, steps in BERT's logs); else from the end of
+    the last training block that started before `run_stop`. Evaluation runs behind
+    training in those logs, so blocks go on after the target was reached (Google's SSD
+    logs train 110 epochs before the epoch-80 evaluation that stops the run).
+    """
     gbs = _value(events, "global_batch_size")
     if not gbs:
         return None
@@ -65,21 +74,29 @@ def steps_to_target(events: Sequence[dict[str, Any]]) -> float | None:
     meta = (stop or {}).get("metadata") or {}
     if "samples_count" in meta:
         return float(meta["samples_count"]) / float(gbs)
+    before_stop = events if stop is None else events[: _index(events, stop)]
     epoch_samples = samples_per_epoch(list(events)) or 1.0
-    ends = [
-        (e.get("metadata") or {}).get("first_epoch_num", 0)
-        + (e.get("metadata") or {}).get("epoch_count", 0)
-        for e in events
+    evals = [
+        (e.get("metadata") or {}).get("epoch_num")
+        for e in before_stop
+        if e.get("key") == "eval_accuracy"
+    ]
+    if stop is not None and evals and evals[-1] is not None:
+        return float(evals[-1]) * epoch_samples / float(gbs)
+    starts = [
+        e.get("metadata") or {}
+        for e in before_stop
         if e.get("key") == "block_start" and "epoch_count" in (e.get("metadata") or {})
     ]
-    if not ends:
+    if not starts:
         return None
-    first = min(
-        (e.get("metadata") or {}).get("first_epoch_num", 0)
-        for e in events
-        if e.get("key") == "block_start"
-    )
-    return (max(ends) - first) * epoch_samples / float(gbs)
+    first = min(m.get("first_epoch_num", 0) for m in starts)
+    end = max(m.get("first_epoch_num", 0) + m["epoch_count"] for m in starts)
+    return (end - first) * epoch_samples / float(gbs)
+
+
+def _index(events: Sequence[dict[str, Any]], event: dict[str, Any]) -> int:
+    return next(i for i, e in enumerate(events) if e is event)
 
 
 def step_summary(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
