@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import faulthandler
 import glob
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import MutableMapping
 
@@ -17,6 +19,7 @@ EXIT_TARGET_NOT_REACHED = 1  # the run ended (step budget or abort) below its ta
 EXIT_BAD_INPUT = 2  # config, flags, data files or cluster coordinates: one line, nothing trained
 EXIT_PEER_LOST = 4  # another process of the run died or never joined; this one stopped itself
 EXIT_CRASH = 70  # an unexpected error (a bug): the traceback is printed
+EXIT_STALLED = 75  # launch.local: no process printed for --stall_s seconds (stacks printed)
 EXIT_PREEMPTED = 143  # SIGTERM/Ctrl-C: checkpoint written, run the same command again
 
 # Fake CPU devices run as threads. On a loaded 2-core machine one of them can be
@@ -43,6 +46,13 @@ def train_command(config: str, workdir: str, data_dir: str = "", *extra: str) ->
     if data_dir:
         cmd.append(f"--config.data.data_dir={os.path.abspath(data_dir)}")
     return cmd
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <pid>` prints every thread's Python stack to stderr and the process
+    goes on: a run that stalls says where it waits, even inside a blocked XLA call.
+    launch.local sends it to every process of a run that stopped printing."""
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 def relax_cpu_collective_timeouts(env: MutableMapping[str, str] = os.environ) -> None:

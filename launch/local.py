@@ -11,6 +11,11 @@ than launch.train's "target reached", "target not reached" or "preempted"), the 
 are stopped and the launcher says which process crashed and how, exiting with its code
 (128 + N for signal N). A run that ends without reaching its target on every process is
 reported as such (exit 1). Ctrl-C stops all of them.
+
+A stalled run (every process alive, none printing, e.g. all waiting in a collective):
+`kill -USR1 <launcher pid>` makes every launch.train process print each thread's Python
+stack and go on; with `--stall_s=N` the launcher does that itself once no process has
+printed a line for N seconds, then stops them all and exits with EXIT_STALLED (75).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from launch.cli import (
     EXIT_CRASH,
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
+    EXIT_STALLED,
     EXIT_TARGET_NOT_REACHED,
     EXIT_TARGET_REACHED,
     relax_cpu_collective_timeouts,
@@ -45,6 +51,13 @@ _DEVICES = flags.DEFINE_integer(
 )
 _GRACE_S = flags.DEFINE_float(
     "grace_s", 10.0, "Seconds between SIGTERM and SIGKILL when stopping the other processes."
+)
+_STALL_S = flags.DEFINE_float(
+    "stall_s",
+    0.0,
+    "Stop the run when no process has printed a line for this many seconds, after asking "
+    "each for its Python stacks (SIGUSR1); 0: never. Leave room for the first compile.",
+    lower_bound=0.0,
 )
 
 
@@ -75,13 +88,21 @@ def process_env(index: int, count: int, devices: int, coordinator: str) -> dict[
     return env
 
 
-def _pump(index: int, proc: subprocess.Popen, lock: threading.Lock) -> None:
-    """Copies one process's output to ours, each line prefixed with its index."""
+def _pump(index: int, proc: subprocess.Popen, lock: threading.Lock, last: list[float]) -> None:
+    """Copies one process's output to ours, each line prefixed with its index; `last[0]`
+    is the time of the latest line from any process."""
     assert proc.stdout is not None
     for line in proc.stdout:
         with lock:
+            last[0] = time.monotonic()
             sys.stdout.write(f"[p{index}] {line}")
             sys.stdout.flush()
+
+
+def _signal_alive(procs: list[subprocess.Popen], signum: int) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
 
 
 def _stop_all(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -133,12 +154,16 @@ def _orderly_end(codes: list[int]) -> int:
     return EXIT_TARGET_NOT_REACHED
 
 
-def launch(command: list[str], processes: int, devices: int, grace_s: float = 10.0) -> int:
+def launch(
+    command: list[str], processes: int, devices: int, grace_s: float = 10.0, stall_s: float = 0.0
+) -> int:
     """Runs `command` as `processes` joined processes; returns the launcher's exit code."""
     coordinator = f"127.0.0.1:{free_port()}"
     lock = threading.Lock()
     procs, pumps = [], []
     orderly_since = None
+    last_line = [time.monotonic()]
+    forward = signal.signal(signal.SIGUSR1, lambda *_: _signal_alive(procs, signal.SIGUSR1))
     for i in range(processes):
         proc = subprocess.Popen(
             command,
@@ -148,7 +173,7 @@ def launch(command: list[str], processes: int, devices: int, grace_s: float = 10
             text=True,
         )
         procs.append(proc)
-        pump = threading.Thread(target=_pump, args=(i, proc, lock), daemon=True)
+        pump = threading.Thread(target=_pump, args=(i, proc, lock, last_line), daemon=True)
         pump.start()
         pumps.append(pump)
     try:
@@ -167,6 +192,17 @@ def launch(command: list[str], processes: int, devices: int, grace_s: float = 10
                 return code if code > 0 else 128 - code
             if all(c is not None for c in codes):
                 return _orderly_end(codes)
+            if stall_s and time.monotonic() - last_line[0] > stall_s:
+                _signal_alive(procs, signal.SIGUSR1)
+                time.sleep(min(grace_s, 3.0))  # the stacks reach our output meanwhile
+                _stop_all(procs, grace_s)
+                print(
+                    f"launch.local: no process printed a line for {stall_s:.0f} s: the run "
+                    "stalled (each process's Python stacks are above); stopped them all.",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return EXIT_STALLED
             if any(c is not None for c in codes) and orderly_since is None:
                 orderly_since = time.time()
             if orderly_since is not None and time.time() - orderly_since > max(grace_s, 30.0):
@@ -185,6 +221,7 @@ def launch(command: list[str], processes: int, devices: int, grace_s: float = 10
         _stop_all(procs, grace_s)
         return 130
     finally:
+        signal.signal(signal.SIGUSR1, forward)
         for pump in pumps:
             pump.join(timeout=5)
 
@@ -197,7 +234,7 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("give the command to run after --, e.g. -- python -m launch.train ...")
     if command[0] in ("python", "python3"):
         command[0] = sys.executable  # the launcher's own interpreter (the project's venv)
-    sys.exit(launch(command, _PROCESSES.value, _DEVICES.value, _GRACE_S.value))
+    sys.exit(launch(command, _PROCESSES.value, _DEVICES.value, _GRACE_S.value, _STALL_S.value))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from launch.cli import (
     EXIT_CRASH,
     EXIT_PREEMPTED,
     EXIT_TARGET_NOT_REACHED,
+    dump_stacks_on_sigusr1,
     parse_flags,
     relax_cpu_collective_timeouts,
 )
@@ -121,6 +122,7 @@ def _handle(e: Exception) -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    dump_stacks_on_sigusr1()
     try:
         init_distributed(
             _COORDINATOR.value,
