@@ -40,7 +40,7 @@ test: $(TEST_STAMP)
 test-system: $(TEST_STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_aot_multipod.py \
 		tests/test_checkpoint_import.py tests/test_backbone_finetune.py tests/test_compilation_cache.py \
-		tests/test_bench_startup.py
+		tests/test_bench_startup.py tests/test_process_sync.py
 
 # The other slow tests CI runs (rows of docs/parallelism.md's techniques table and claims of
 # docs/): spatial-partitioning equivalences (SSD 1x8 / 2x4, Mask R-CNN 2x4), the SSD and

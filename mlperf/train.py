@@ -40,6 +40,7 @@ from mlperf.loop_state import LoopState
 from mlperf.mllog import keys
 from mlperf.peak_flops import peak_for_devices
 from mlperf.preflight import check_hosts, data_fingerprint
+from mlperf.process_sync import wait_for_every_process
 from mlperf.profiling import parse_steps
 from mlperf.reporting import RunResult, params_fingerprint, summary_paragraph, write_result
 from mlperf.run_log import RunLog
@@ -157,6 +158,8 @@ def run(
     log.event(keys.EVAL_SAMPLES, task.num_eval_examples())
     peak = peak_for_devices()  # measured once on CPU: part of init, not of the run
     log.open_summaries()  # loading the TensorBoard writer is init too
+    # Every host ends init and starts step 1 together (see mlperf.process_sync).
+    wait_for_every_process("init_stop")
     log.end(keys.INIT_STOP)
     init_time = time.time() - init_wall
     # What init spent outside the buckets already booked for this attempt.
