@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 PREFIX = ":::MLLOG "
@@ -42,25 +43,26 @@ def events(log_text: str) -> list[dict[str, Any]]:
 EPOCHS_ARE_STEPS = ("bert",)
 
 
-def _value(evs: list[dict[str, Any]], key: str) -> Any:
+def logged_value(evs: Sequence[dict[str, Any]], key: str) -> Any:
+    """The value of the log's first `key` event, or None."""
     return next((e.get("value") for e in evs if e.get("key") == key), None)
 
 
-def samples_per_epoch(evs: list[dict[str, Any]]) -> float | None:
+def samples_per_epoch(evs: Sequence[dict[str, Any]]) -> float | None:
     """Samples per logged epoch: `global_batch_size` for EPOCHS_ARE_STEPS benchmarks,
     else `train_samples`; None where the log lacks the value."""
     key = (
         "global_batch_size"
-        if _value(evs, "submission_benchmark") in EPOCHS_ARE_STEPS
+        if logged_value(evs, "submission_benchmark") in EPOCHS_ARE_STEPS
         else "train_samples"
     )
-    value = _value(evs, key)
+    value = logged_value(evs, key)
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def steps_per_epoch(evs: list[dict[str, Any]]) -> float:
     """Train steps per logged epoch (1 where the log cannot say)."""
-    samples, batch = samples_per_epoch(evs), _value(evs, "global_batch_size")
+    samples, batch = samples_per_epoch(evs), logged_value(evs, "global_batch_size")
     numbers = samples is not None and isinstance(batch, (int, float)) and batch > 0
     return samples / batch if numbers else 1.0
 

@@ -4,9 +4,10 @@ XLA's CPU collectives (gloo) build a communicator the first time a program uses 
 group of devices, and give the other processes 30 s to join it (a fixed deadline,
 `Gloo context initialization failed: DEADLINE_EXCEEDED`). Processes finish their
 compiles, data preparation and peak measurement at different times, so the first train
-step meets its peers only if they start it together: `wait_for_every_process` before
-run_start. The barrier is jax.distributed's coordination service, not a device program,
-so it has its own, long, deadline and needs no communicator.
+step meets its peers only if they start it together: `mlperf.train` calls
+`wait_for_every_process` before init_stop. The barrier is jax.distributed's coordination
+service, not a device program, so it has its own, long, deadline and needs no
+communicator.
 """
 
 from __future__ import annotations

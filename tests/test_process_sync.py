@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cpu_env
+from conftest import REPO, cpu_env, on_processes
 
 # Process 1 arrives DELAY_S late; then every process sums its index + 1 over all devices.
 SCRIPT = """
@@ -45,9 +45,8 @@ def _run(delay_s: float, timeout_s: int, skip_barrier: bool = False) -> str:
     env = {**cpu_env(1), "DELAY_S": str(delay_s), "TIMEOUT_S": str(timeout_s)}
     if skip_barrier:
         env["SKIP_BARRIER"] = "1"
-    cmd = [sys.executable, "-m", "launch.local", "--processes=2", "--devices_per_process=1"]
     proc = subprocess.run(
-        [*cmd, "--", "python", "-c", SCRIPT],
+        on_processes([sys.executable, "-c", SCRIPT], processes=2, devices=1),
         cwd=REPO,
         env=env,
         capture_output=True,

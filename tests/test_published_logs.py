@@ -13,6 +13,11 @@ from mlperf.planning import published_logs
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "mlperf_v07_transformer_result.txt")
 
 
+def ev(key: str, t: float = 0, value=None, **metadata) -> dict:
+    """One MLLOG event as report.read_mllog gives it."""
+    return {"key": key, "time_ms": t, "value": value, "metadata": metadata}
+
+
 def test_v07_epoch_blocks_give_the_step_time_and_steps_to_target():
     """The hand-written v0.7-style Transformer log: 4 one-epoch blocks of 566,340 samples
     at global batch 2048 (276.5 steps each), 3.34-3.41 s per block, target after epoch 4."""
@@ -29,9 +34,6 @@ def test_bert_v07_epochs_are_steps_whatever_train_samples_says():
     """Google's v0.7 BERT logs number epochs in steps (blocks of 62) and log the run's
     whole sample budget as train_samples: two 62-step blocks of 1.05 s give 16.9 ms
     per step and 124 steps, not train_samples x 62 samples per block."""
-
-    def ev(key, t=0, value=None, **metadata):
-        return {"key": key, "time_ms": t, "value": value, "metadata": metadata}
 
     events = [
         ev("submission_benchmark", value="bert"),
@@ -53,9 +55,6 @@ def test_steps_to_target_stop_at_the_evaluation_that_reached_it():
     are 80 epochs of 118,287 samples at batch 4096 (2,310 steps), not the 120 epochs the
     blocks reach (3,465)."""
 
-    def ev(key, t=0, value=None, **metadata):
-        return {"key": key, "time_ms": t, "value": value, "metadata": metadata}
-
     events = [ev("global_batch_size", value=4096), ev("train_samples", value=118287)]
     t = 0
     for epoch in range(1, 121):
@@ -72,9 +71,6 @@ def test_steps_to_target_stop_at_the_evaluation_that_reached_it():
 
 
 def test_samples_count_blocks_and_a_log_without_a_batch_size():
-    def ev(key, t, **metadata):
-        return {"key": key, "time_ms": t, "value": None, "metadata": metadata}
-
     events = [
         {"key": "global_batch_size", "value": 8192, "time_ms": 0},
         ev("block_start", 1000, samples_count=0),

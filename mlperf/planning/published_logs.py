@@ -22,11 +22,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from mlperf.mllog_pace import samples_per_epoch
-
-
-def _value(events: Sequence[dict[str, Any]], key: str) -> Any:
-    return next((e.get("value") for e in events if e.get("key") == key), None)
+from mlperf.mllog_pace import logged_value, samples_per_epoch
 
 
 def _block_samples(start: dict, stop: dict, epoch_samples: float) -> float | None:
@@ -40,10 +36,10 @@ def _block_samples(start: dict, stop: dict, epoch_samples: float) -> float | Non
 def block_step_times(events: Sequence[dict[str, Any]]) -> list[float]:
     """Seconds per training step of each block of the log (blocks with no samples or no
     matching stop are skipped). Raises ValueError without `global_batch_size`."""
-    gbs = _value(events, "global_batch_size")
+    gbs = logged_value(events, "global_batch_size")
     if not gbs:
         raise ValueError("the log has no global_batch_size: steps cannot be counted.")
-    epoch_samples = samples_per_epoch(list(events)) or 1.0
+    epoch_samples = samples_per_epoch(events) or 1.0
     times, start = [], None
     for e in events:
         if e.get("key") == "block_start":
@@ -67,15 +63,16 @@ def steps_to_target(events: Sequence[dict[str, Any]]) -> float | None:
     training in those logs, so blocks go on after the target was reached (Google's SSD
     logs train 110 epochs before the epoch-80 evaluation that stops the run).
     """
-    gbs = _value(events, "global_batch_size")
+    gbs = logged_value(events, "global_batch_size")
     if not gbs:
         return None
-    stop = next((e for e in events if e.get("key") == "run_stop"), None)
+    at = next((i for i, e in enumerate(events) if e.get("key") == "run_stop"), None)
+    stop = None if at is None else events[at]
     meta = (stop or {}).get("metadata") or {}
     if "samples_count" in meta:
         return float(meta["samples_count"]) / float(gbs)
-    before_stop = events if stop is None else events[: _index(events, stop)]
-    epoch_samples = samples_per_epoch(list(events)) or 1.0
+    before_stop = events[:at]
+    epoch_samples = samples_per_epoch(events) or 1.0
     evals = [
         (e.get("metadata") or {}).get("epoch_num")
         for e in before_stop
@@ -93,10 +90,6 @@ def steps_to_target(events: Sequence[dict[str, Any]]) -> float | None:
     first = min(m.get("first_epoch_num", 0) for m in starts)
     end = max(m.get("first_epoch_num", 0) + m["epoch_count"] for m in starts)
     return (end - first) * epoch_samples / float(gbs)
-
-
-def _index(events: Sequence[dict[str, Any]], event: dict[str, Any]) -> int:
-    return next(i for i, e in enumerate(events) if e is event)
 
 
 def step_summary(events: Sequence[dict[str, Any]]) -> dict[str, Any]:
