@@ -103,7 +103,7 @@ def _base() -> ConfigDict:
         )
     )
     c.mesh = mesh_block()
-    c.parallel = parallel_block()
+    c.parallel = parallel_block(rules=())
     c.precision = precision_block()
     c.optimizer = ConfigDict(
         dict(

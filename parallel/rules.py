@@ -21,6 +21,7 @@ STACK_AXIS = "stack"
 LOGICAL_AXES = (
     "batch",
     "length",
+    "residual_length",
     "embed",
     "heads",
     "kv",
@@ -49,6 +50,11 @@ DEFAULT_RULES: Rules = (
     ("mlp", "model"),
     ("vocab", "model"),
     ("length", None),
+    # The sequence dimension of the residual stream between sublayers (layer norms,
+    # dropout, residual adds). Mapped to `model` it is Megatron's sequence parallelism:
+    # those elementwise ops run on a 1/model slice of the rows, and the all-reduce after
+    # each sublayer's output projection becomes a reduce-scatter plus an all-gather.
+    ("residual_length", None),
     ("embed", None),
     ("kv", None),
     ("position", None),

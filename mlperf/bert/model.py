@@ -124,10 +124,13 @@ class EncoderLayer(nnx.Module):
         [B, Q, D] (the rows attend over all L)."""
         r = jax.random.split(rng, 3) if rng is not None else (None, None, None)
         rows = x if positions is None else gather_positions(x, positions, self.einsum_gather)
+        # The residual stream's rows may be split over `model` (sequence parallelism);
+        # the head rows of a last layer at `positions` are few and stay whole.
+        axes = ("batch", "residual_length" if positions is None else "length", "embed")
         h = dropout(self.attention(x, mask, r[0], queries_BxQxD=rows), self.rate, r[1])
-        x = self.attention_norm(rows + h)
-        x = self.mlp_norm(x + dropout(self.mlp(x), self.rate, r[2]))
-        return constrain(x, ("batch", "length", "embed"))
+        x = self.attention_norm(constrain(rows + h, axes))
+        x = self.mlp_norm(constrain(x + dropout(self.mlp(x), self.rate, r[2]), axes))
+        return constrain(x, axes)
 
 
 def _apply_layer(graphdef, state, x, mask, rng, positions=None):
@@ -197,7 +200,7 @@ class BertForPreTraining(nnx.Module):
         # Positions are a static slice of the table: no gather on either path.
         positions = self.position_embeddings.embedding[...][:length].astype(self.cfg.compute_dtype)
         x = self.word_embeddings(input_ids) + self.type_embeddings(segment_ids) + positions[None]
-        x = constrain(self.embedding_norm(x), ("batch", "length", "embed"))
+        x = constrain(self.embedding_norm(x), ("batch", "residual_length", "embed"))
         n = self.cfg.num_layers
         rngs = jax.random.split(rng, n + 1) if rng is not None else None
         x = dropout(x, self.cfg.dropout_rate, None if rngs is None else rngs[-1])
