@@ -18,8 +18,8 @@ QUIET_CHILD = (
     "import os, time\n"
     "from launch.cli import dump_stacks_on_sigusr1\n"
     "dump_stacks_on_sigusr1()\n"
-    "print('joined', flush=True)\n"
     "def wait_for_the_collective(seconds):\n"
+    "    print('joined', flush=True)\n"
     "    time.sleep(seconds)\n"
     "wait_for_the_collective(float(os.environ.get('QUIET_S', '120')))\n"
 )
@@ -71,7 +71,9 @@ def test_the_launcher_passes_sigusr1_on_and_the_processes_go_on():
         _local(), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     joined = 0
-    while joined < 2:  # both children registered the handler before printing this
+    # Both children registered the handler and entered the waiting function before
+    # printing this (a signal between the print and the call would show the caller).
+    while joined < 2:
         line = proc.stdout.readline()
         assert line, "launch.local ended before both processes joined"
         joined += line.strip().endswith("joined")
@@ -79,7 +81,8 @@ def test_the_launcher_passes_sigusr1_on_and_the_processes_go_on():
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stdout + stderr  # both slept on and ended normally
     for index in (0, 1):
-        assert any("in wait_for_the_collective" in line for line in _stacks_of(stdout, index))
+        stack = _stacks_of(stdout, index)
+        assert any("in wait_for_the_collective" in line for line in stack), stdout + stderr
 
 
 def test_launch_train_prints_its_stacks_on_sigusr1_and_goes_on(tmp_path):
