@@ -52,8 +52,8 @@ DEFAULT_RULES: Rules = (
     ("length", None),
     # The sequence dimension of the residual stream between sublayers (layer norms,
     # dropout, residual adds). Mapped to `model` it is Megatron's sequence parallelism:
-    # those elementwise ops run on a 1/model slice of the rows, and the all-reduce after
-    # each sublayer's output projection becomes a reduce-scatter plus an all-gather.
+    # those elementwise ops run on a 1/model slice of the rows, which are gathered back
+    # before each sublayer's projections.
     ("residual_length", None),
     ("embed", None),
     ("kv", None),

@@ -11,14 +11,10 @@ from configs.bert import get_config
 from mlperf.inspection import inspect_config
 from mlperf.tasks import get_task
 
-# Two groups of about equal compile time (~8 CPU-minutes each on 2 shared cores), so
-# `make test-system`'s two workers share them; two compiles at once peak near 9 GB.
-AOT_A = pytest.mark.xdist_group("aot_multipod_a")
-AOT_B = pytest.mark.xdist_group("aot_multipod_b")
+pytestmark = pytest.mark.xdist_group("aot")
 GiB = 1 << 30
 
 
-@AOT_B
 @pytest.mark.slow  # ~2 CPU-minutes, 3.4 GB resident: the train step for 8192 cores
 def test_bert_large_compiles_for_the_4096_chip_multipod_and_fits():
     config = get_config("mlperf_v07")
@@ -45,7 +41,6 @@ def test_bert_large_compiles_for_the_4096_chip_multipod_and_fits():
     assert train["flops_cost_analysis"] < train["flops_per_device"] / 5
 
 
-@AOT_A
 @pytest.mark.slow  # ~1 min: four small TPU compiles of a tiny BERT on v3:2x2
 def test_a_scanned_stack_is_estimated_like_the_unrolled_program():
     """XLA's step-time estimate sees a loop body once; for a scanned layer stack inspect
@@ -63,7 +58,6 @@ def test_a_scanned_stack_is_estimated_like_the_unrolled_program():
     assert scanned["estimated_step_s"] == pytest.approx(unrolled["estimated_step_s"], rel=0.05)
 
 
-@AOT_B
 @pytest.mark.slow  # minutes, ~4 GB resident: the train step for 4096 v4 chips
 def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
     """The same config on a current generation at the same chip count: v4:16x16x16,
@@ -85,7 +79,6 @@ def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
 
 
-@AOT_A
 @pytest.mark.slow  # ~2 min (108 s alone), the train step for 512 chips in two slices
 def test_bert_large_compiles_for_two_v6e_slices_joined_over_dcn():
     """A current generation's multi-slice program at full size: two v6e:16x16 slices
@@ -108,7 +101,6 @@ def test_bert_large_compiles_for_two_v6e_slices_joined_over_dcn():
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
 
 
-@AOT_A
 @pytest.mark.slow  # ~1 min: three small TPU compiles of a tiny BERT on v3:2x2
 def test_the_scan_method_reads_one_layer_off_the_scanned_program():
     """`layer_estimate="scan"` compiles the scanned step again with two layers per loop
@@ -130,7 +122,6 @@ def test_the_scan_method_reads_one_layer_off_the_scanned_program():
     assert scan["estimated_step_s"] > unrolled["estimated_step_s"]
 
 
-@AOT_B
 @pytest.mark.slow  # ~2 min, ~4.4 GB resident: the train step of a 116B-parameter BERT
 def test_a_100b_parameter_bert_compiles_for_a_4096_chip_v5p_slice():
     """Past the MLPerf sizes: `configs/bert_scale.py:100b` (hidden 12288, 64 scanned and
