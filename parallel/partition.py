@@ -309,6 +309,20 @@ def manual_data_axis() -> str | None:
     return partitioner.data_axis
 
 
+def constrain_if_mapped(
+    x: jax.Array, logical_axes: Sequence[str | None], *, axis: str
+) -> jax.Array:
+    """`constrain`, but only where the logical `axis` is split over the mesh; otherwise x
+    is left for the compiler to place. For a constraint an option needs (sequence
+    parallelism's split rows) that would only pin the default program: pinning the
+    residual sums of BERT-large replicated costs 3% of the TPU compiler's step estimate.
+    """
+    partitioner = _ACTIVE.get()
+    if partitioner is None or partitioner.spec((axis,))[0] is None:
+        return x
+    return constrain(x, logical_axes)
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """Places an activation by logical axes; a no-op outside an active Partitioner."""
     partitioner = _ACTIVE.get()

@@ -47,3 +47,22 @@ def test_bert_trains_alike_with_sequence_parallel_rows(devices):
     ops_sequence = hlo_op_stats(sequence.compiled.as_text())["collectives"]
     # Split rows are gathered before each sublayer (measured: 59 all-gathers against 49).
     assert ops_sequence["all-gather"] > ops_tensor["all-gather"], (ops_sequence, ops_tensor)
+
+
+def _sharding_constraints(config, devices) -> int:
+    from mlperf.trainer import build_trainer
+
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    return trainer.lower_train_step(trainer.phases[0]).as_text().count("sdy.sharding_constraint")
+
+
+def test_the_default_program_leaves_the_residual_sums_unplaced(devices):
+    """The sums inside a layer are constrained only when their rows are split: pinned
+    replicated, they cost BERT-large 3% of its TPU step estimate (docs/performance.md)."""
+    layers = {"model.num_layers": 2}
+    default = _sharding_constraints(small_bert_config(**layers), devices)
+    split = _sharding_constraints(
+        small_bert_config(**layers, **{"parallel.rules": SEQUENCE_PARALLEL}), devices
+    )
+    # Two sums per layer, each constrained in the forward pass and its transpose.
+    assert split - default == 2 * 2 * 2, (split, default)

@@ -15,6 +15,12 @@ class SelfAttention(nnx.Module):
 
     The scores and the softmax are fp32 unless `softmax_dtype` says otherwise (bfloat16
     halves the bytes of the [B, H, L, L] tensors, the largest in a long-sequence layer).
+
+    `normalize_after_values` divides by the softmax's sum after the product with the
+    values, as Google's v0.7 BERT does: dropout(softmax(s)) @ v equals
+    (keep * exp(s - max)) @ v / (sum * (1 - rate)), the same result up to rounding with
+    the same keep mask, but the division and the dropout's scaling run over [B, L, H, K]
+    instead of [B, H, L, L], and the softmax's backward needs no reduction over the keys.
     """
 
     def __init__(
@@ -26,6 +32,7 @@ class SelfAttention(nnx.Module):
         dropout_rate: float = 0.0,
         dtype: jnp.dtype = jnp.float32,
         softmax_dtype: jnp.dtype = jnp.float32,
+        normalize_after_values: bool = False,
     ):
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}.")
@@ -34,6 +41,7 @@ class SelfAttention(nnx.Module):
         self.dropout_rate = dropout_rate
         self.dtype = dtype
         self.softmax_dtype = softmax_dtype
+        self.normalize_after_values = normalize_after_values
 
         def proj():
             return DenseGeneral(
@@ -61,9 +69,32 @@ class SelfAttention(nnx.Module):
         q = q / jnp.sqrt(self.head_dim).astype(q.dtype)
         scores_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(self.softmax_dtype)
         bias = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(self.softmax_dtype)
-        probs = jax.nn.softmax(scores_BxHxLxL + bias, axis=-1).astype(self.dtype)
-        if rng is not None:
-            probs = dropout(probs, self.dropout_rate, rng)
-        ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        if self.normalize_after_values:
+            ctx_BxLxHxK = self._attend_then_normalize(scores_BxHxLxL + bias, v, rng)
+        else:
+            probs = jax.nn.softmax(scores_BxHxLxL + bias, axis=-1).astype(self.dtype)
+            if rng is not None:
+                probs = dropout(probs, self.dropout_rate, rng)
+            ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
         ctx_BxLxHxK = constrain(ctx_BxLxHxK, ("batch", "length", "heads", "kv"))
         return self.out(ctx_BxLxHxK)
+
+    def _attend_then_normalize(
+        self, scores_BxHxLxL: jax.Array, v: jax.Array, rng: jax.Array | None
+    ) -> jax.Array:
+        """softmax(scores) (with dropout) @ v, normalised on the [B, L, H, K] result."""
+        # The max only keeps exp in range; its gradient cancels, so none flows through it.
+        top = jax.lax.stop_gradient(jnp.max(scores_BxHxLxL, axis=-1, keepdims=True))
+        unnormalized = jnp.exp(scores_BxHxLxL - top)
+        total_BxHxL = jnp.sum(unnormalized, axis=-1)
+        weights = unnormalized.astype(self.dtype)
+        scale = 1.0
+        if rng is not None and self.dropout_rate > 0.0:
+            # The same keep bits as `dropout` draws for the normalised probabilities.
+            keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, weights.shape)
+            weights = jnp.where(keep, weights, 0).astype(self.dtype)
+            scale = 1.0 / (1.0 - self.dropout_rate)
+        ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+        denom_BxLxHx1 = jnp.transpose(total_BxHxL, (0, 2, 1))[..., None]
+        ctx = ctx_BxLxHxK.astype(denom_BxLxHx1.dtype) * (scale / denom_BxLxHx1)
+        return ctx.astype(self.dtype)
