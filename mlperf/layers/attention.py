@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mlperf.layers.linear import DenseGeneral, dropout
+from mlperf.layers.linear import DenseGeneral, dropout, dropout_keep_mask
 from parallel.partition import constrain
 
 
@@ -88,10 +88,11 @@ class SelfAttention(nnx.Module):
         unnormalized = jnp.exp(scores_BxHxLxL - top)
         total_BxHxL = jnp.sum(unnormalized, axis=-1)
         weights = unnormalized.astype(self.dtype)
+        # The keep bits `dropout` would draw for the normalised probabilities; its
+        # 1 / (1 - rate) scaling moves to the result with the division by the sum.
+        keep = dropout_keep_mask(weights.shape, self.dropout_rate, rng)
         scale = 1.0
-        if rng is not None and self.dropout_rate > 0.0:
-            # The same keep bits as `dropout` draws for the normalised probabilities.
-            keep = jax.random.bernoulli(rng, 1.0 - self.dropout_rate, weights.shape)
+        if keep is not None:
             weights = jnp.where(keep, weights, 0).astype(self.dtype)
             scale = 1.0 / (1.0 - self.dropout_rate)
         ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v)

@@ -121,9 +121,19 @@ class LayerNorm(nnx.Module):
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
 
 
+def dropout_keep_mask(
+    shape: tuple[int, ...], rate: float, rng: jax.Array | None
+) -> jax.Array | None:
+    """The elements dropout keeps (True) for `rng`; None when nothing is dropped (eval or
+    rate 0). One draw for every dropout form, so their masks agree for the same key."""
+    if rng is None or rate == 0.0:
+        return None
+    return jax.random.bernoulli(rng, 1.0 - rate, shape)
+
+
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
     """Inverted dropout; identity when `rng` is None (eval) or rate is 0."""
-    if rng is None or rate == 0.0:
+    keep = dropout_keep_mask(x.shape, rate, rng)
+    if keep is None:
         return x
-    keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
