@@ -35,6 +35,36 @@ _BYTES = {
 # `%name = <result type> <opcode>(` in HLO text; the opcode may carry -start (async).
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<type>.+?)\s+(?P<op>[a-z][\w\-]*)\(")
 _SHAPE = re.compile(r"\b(pred|[sufc]\d+|bf16)\[([\d,]*)\]")
+# One asynchronous collective that the TPU compiler (v5e) splits into a chain of fusions
+# interleaved with compute: a start, continuations and a done, each holding a copy of
+# the collective with the full result shape, the same channel_id and a `chain_id`.
+_CHAIN = re.compile(r'chain_id=\\?"(\d+)')
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
+
+
+def collective_chain(line: str) -> tuple[str, str] | None:
+    """(channel_id, chain_id) of a collective that is one link of a chain, else None.
+
+    Every link repeats the whole collective's result shape, but the links together move
+    the data once: counters count a chain once, not once per link.
+    """
+    chain = _CHAIN.search(line)
+    if chain is None:
+        return None
+    channel = _CHANNEL.search(line)
+    return (channel.group(1) if channel else "", chain.group(1))
+
+
+def chain_links(hlo_text: str) -> Counter[tuple[str, str]]:
+    """How many links each chained collective of the module has (`collective_chain`)."""
+    links: Counter[tuple[str, str]] = Counter()
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        if m and m.group("op").removesuffix("-start") in COLLECTIVES:
+            key = collective_chain(line)
+            if key is not None:
+                links[key] += 1
+    return links
 
 
 def _shape_bytes(type_text: str) -> int:
@@ -91,9 +121,11 @@ def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
     that meet in each op's group (a permute: its pair). `reduce_scatter_as_all_reduce`
     counts the reduce-scatters that the compiler rewrote as all-reduce + dynamic-slice
     (`sliced_all_reduces`); they are still counted (and on the wire) as the all-reduces
-    they are.
+    they are. A collective the compiler split into a chain of fusions counts once
+    (`collective_chain`).
     """
     counts: Counter[str] = Counter()
+    chains_seen: set[tuple[str, str]] = set()
     nbytes: Counter[str] = Counter()
     wire: Counter[str] = Counter()
     group_devices = 0
@@ -107,6 +139,11 @@ def hlo_op_stats(hlo_text: str) -> dict[str, Any]:
             continue
         base = op[: -len("-start")] if op.endswith("-start") else op
         if base in COLLECTIVES:
+            chain = collective_chain(line)
+            if chain is not None:
+                if chain in chains_seen:
+                    continue
+                chains_seen.add(chain)
             counts[base] += 1
             type_text = m.group("type")
             if op.endswith("-start") and type_text.startswith("("):
@@ -520,7 +557,9 @@ def hlo_wire_bytes(hlo_text: str, loops_once: bool = False) -> float:
     """Ring wire bytes per device of every collective one execution of the module runs,
     each while body times its trip count: a scanned layer stack's per-layer collectives
     and a windowed einsum's permutes run once per iteration, where `hlo_op_stats`, like
-    XLA's cost analysis, sees them once."""
+    XLA's cost analysis, sees them once. The links of a chained collective
+    (`collective_chain`) share its bytes, so the chain sends them once per execution."""
+    links = chain_links(hlo_text)
 
     def wire(instr: dict, defs: dict[str, dict]) -> float:
         del defs
@@ -532,7 +571,10 @@ def hlo_wire_bytes(hlo_text: str, loops_once: bool = False) -> float:
         if op.endswith("-start") and type_text.startswith("("):
             shapes = _SHAPE.findall(type_text)  # (operand, result[, context]): the result
             type_text = "{}[{}]".format(*shapes[1]) if len(shapes) > 1 else type_text
-        return wire_bytes(base, _shape_bytes(type_text), replica_group_size(instr["text"]))
+        chain = collective_chain(instr["text"])
+        share = 1.0 / links[chain] if chain is not None else 1.0
+        sent = wire_bytes(base, _shape_bytes(type_text), replica_group_size(instr["text"]))
+        return share * sent
 
     return _hlo_sum(hlo_text, wire, loops_once)
 

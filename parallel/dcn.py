@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from parallel.aot import _INSTR, _SHAPE, COLLECTIVES, _shape_bytes, wire_bytes
+from parallel.aot import _INSTR, _SHAPE, COLLECTIVES, _shape_bytes, collective_chain, wire_bytes
 
 
 def _iota(dims_text: str, reshape_text: str, transpose_text: str | None) -> np.ndarray:
@@ -102,8 +102,10 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
     """Collectives that cross slices: counts, bytes and the bytes each device sends over
     DCN (megascale host transfers, else replica groups spanning slices).
 
-    `slice_of[i]` is the slice of partition i (the mesh's flattened device order).
+    `slice_of[i]` is the slice of partition i (the mesh's flattened device order). A
+    collective split into a chain of fusions counts once (`parallel.aot.collective_chain`).
     """
+    chains_seen: set[tuple[str, str]] = set()
     counts: Counter[str] = Counter()
     nbytes: Counter[str] = Counter()
     wire: Counter[str] = Counter()
@@ -127,6 +129,11 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
             continue
         if op not in COLLECTIVES:
             continue
+        chain = collective_chain(line)
+        if chain is not None:
+            if chain in chains_seen:
+                continue
+            chains_seen.add(chain)
         groups = replica_groups(line, n)
         spans = [len({slice_of[i] for i in g if i < n}) for g in groups]
         crossing = max(spans, default=1)

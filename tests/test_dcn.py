@@ -69,3 +69,18 @@ def test_megascale_host_transfers_are_the_dcn_part():
     }
     # Two slices: all-reduce 2 (1/2) 4096 + reduce-scatter (1/2) 8192 + all-gather 1 x 1024.
     assert out["dcn_wire_bytes"] == pytest.approx(4096 + 4096 + 1024)
+
+
+def test_a_chained_collective_crossing_slices_counts_once():
+    """The links of a chained all-gather (libtpu v5e: same channel_id and chain_id, each
+    with the full result shape) send its bytes once."""
+    link = (
+        "  %all-gather.{n} = bf16[64,128]{{1,0}} all-gather(%p.{n}), channel_id=43, "
+        "replica_groups=[2,4]<=[4,2]T(1,0), dimensions={{1}}, "
+        'frontend_attributes={{chain_id="3"}}\n'
+    )
+    text = "".join(link.format(n=n) for n in range(3))
+    out = dcn_collectives(text, SLICES)  # groups {0,2,4,6}, {1,3,5,7}: two per slice
+    assert out["dcn_collectives"] == {"all-gather": 1}
+    assert out["dcn_collective_bytes"] == {"all-gather": 64 * 128 * 2}
+    assert out["dcn_wire_bytes"] == pytest.approx(1 / 2 * 64 * 128 * 2 / 2)

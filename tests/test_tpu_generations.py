@@ -114,3 +114,26 @@ def test_inspect_cli_says_what_fits_in_one_line():
     [line] = [x for x in proc.stderr.splitlines() if x.startswith("multipod: error:")]
     assert "v5e:4x4 (physical shape 4x4 chips, 16 devices; sizes that fit: " in line
     assert "flags:" not in proc.stderr  # no help dump
+
+
+def test_v5e_chained_collectives_count_as_the_same_program_on_v6e():
+    """libtpu splits v5e's large all-gathers into chains of fusions; counted once per
+    chain, the same program and mesh sends what it sends on v6e (one link each)."""
+    from mlperf.trainer import build_trainer
+    from parallel.aot import chain_links
+
+    reports = {}
+    for generation in ("v5e", "v6e"):
+        config = get_config("tiny")
+        config.train.global_batch_size = 256
+        config.mesh.ici_shape = (4, 4)
+        topology = f"{generation}:4x4"
+        reports[generation] = inspect_config(config, topology=topology, layer_estimate=False)
+        if generation == "v5e":
+            trainer = build_trainer(config, devices=get_topology(topology).devices)
+            text = trainer.lower_train_step(trainer.phases[0]).compile().as_text()
+            assert max(chain_links(text).values()) > 1  # the case this test is about
+    v5e, v6e = (reports[g]["train"] for g in ("v5e", "v6e"))
+    assert v5e["collectives"] == v6e["collectives"]
+    assert v5e["collective_bytes"] == v6e["collective_bytes"]
+    assert v5e["wire_bytes_per_device"] == pytest.approx(v6e["wire_bytes_per_device"])
