@@ -179,6 +179,19 @@ class StepTime:
     def comm_s(self) -> float:
         return self.ici_s + self.dcn_s
 
+    @property
+    def serial_s(self) -> float:
+        """The roofline with ICI after it, no overlap: max(compute, memory) + ICI + DCN
+        (`total_s` where there is no compiler estimate)."""
+        return max(self.compute_s, self.memory_s) + self.ici_s + self.dcn_s
+
+    @property
+    def overlapped_s(self) -> float:
+        """The roofline with every ICI collective hidden behind compute: max(compute,
+        memory, ICI) + DCN. With `serial_s` it brackets what a scheduler that overlaps
+        collectives with compute can reach; libtpu's estimate, where usable, lies between."""
+        return max(self.compute_s, self.memory_s, self.ici_s) + self.dcn_s
+
 
 # Bytes per gradient element while it is summed (`parallel.grad_reduce_dtype`).
 GRAD_REDUCE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -216,7 +229,8 @@ def tpu_step_time(
 
     `ici_bandwidth` is what one device can drive: a ring along one torus dimension uses
     both directions of its link. The total is the compiler's estimate when there is one
-    (else max(compute, memory) + ICI, no overlap), plus DCN for `slices` > 1: an
+    (else max(compute, memory) + ICI, no overlap: `serial_s`; `overlapped_s` is the
+    other bound), plus DCN for `slices` > 1: an
     all-reduce of `dcn_bytes` (the device's gradient shard) over the slices. `ici_scale`
     (a what-if on ICI bandwidth) changes the ICI term inside the compiler's estimate too.
     `dcn_wire_bytes`, from a compiled multi-slice program (`parallel.dcn`), replaces

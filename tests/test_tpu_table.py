@@ -27,6 +27,11 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
         assert row["dollars"] > 0 and row["chip_hours"] > 0
         # The compiled FLOPs count the analytic matmuls plus elementwise work.
         assert 0.8 < row["flops_vs_analytic"] < 2.0, row
+        # Every row brackets its step by the roofline with ICI hidden and after it.
+        low, high = row["step_bounds_s"]
+        assert 0 < low <= high
+        if row["step_method"].endswith("compiler estimate unusable"):
+            assert row["step_s"] == pytest.approx(high)  # the no-overlap bound itself
     # v3:2x2 has 8 cores: the config's data=2 x model=4; v4 in megacore mode 4 devices:
     # the config's fixed mesh does not fit, so `data` takes what is left.
     assert rows[0]["mesh"] == "data=2,model=4" and rows[0]["note"] == ""
@@ -46,4 +51,5 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
     assert "launch.bench tpu --models bert" in text
     table = [ln for ln in lines if ln.startswith("| bert")]
     assert len(table) == 3 and "error: timed out" in table[2]
+    assert "with ICI overlapped-serial" in table[0]
     assert all(ln.count("|") == len(tpu_table.COLUMNS) + 1 for ln in table)
