@@ -295,6 +295,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         gather_scatter=train.get("gather_scatter"),
         step_s=step.total_s,
         step_bounds_s=(step.overlapped_s, step.serial_s),
+        **({"compiler_s": step.compiler_s} if step.compiler_s is not None else {}),
         dcn_s=step.dcn_s,
         step_method=_method(train),
         mfu=analytic / (chips * chip.peak_flops * step.total_s),
@@ -324,7 +325,10 @@ def _step_cell(row: dict[str, Any]) -> str:
     text = f"{row['step_s'] * 1e3:.2f} ms ({row['step_method']}"
     if row.get("step_bounds_s"):
         low, high = (s * 1e3 for s in row["step_bounds_s"])
-        text += f"; roofline {low:.2f}-{high:.2f} ms with ICI overlapped-serial"
+        if "compiler_s" in row:
+            text += f"; roofline {low:.2f} ms with ICI overlapped, {high:.2f} ms serial"
+        else:  # the step is the serial figure
+            text += f"; {low:.2f} ms with ICI overlapped"
     return text + ")"
 
 
@@ -416,8 +420,10 @@ all-gather, RS reduce-scatter, CP collective-permute), those whose groups cross 
 with the bytes each chip sends over DCN and their time at the host NIC's share, the
 gather/scatter count, the estimated step (the planner's `tpu_step_time`: the compiler's
 estimate, a scanned layer stack extrapolated from 1- and 2-layer compiles, or the
-roofline plus ICI where libtpu's estimate is unusable, plus DCN), MFU (analytic FLOPs
-over chips x peak x step), steps (`config.plan.steps_to_target`, else the step budget),
+roofline plus ICI where libtpu's estimate is unusable, plus DCN) with the roofline's
+two figures beside it, ICI hidden behind compute ("overlapped") and after it ("serial";
+see [aot-and-planning](aot-and-planning.md#plan-comet-methodology)), MFU (analytic
+FLOPs over chips x peak x step), steps (`config.plan.steps_to_target`, else the step budget),
 time to train = steps x step, chip-hours and dollars at the list price
 (`parallel/hardware.py`), Google's published v0.7 figures for the v3 rows with the
 ratio of the estimate to them, and the wall

@@ -51,5 +51,5 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
     assert "launch.bench tpu --models bert" in text
     table = [ln for ln in lines if ln.startswith("| bert")]
     assert len(table) == 3 and "error: timed out" in table[2]
-    assert "with ICI overlapped-serial" in table[0]
+    assert "ms with ICI overlapped, " in table[0] and " ms serial)" in table[0]
     assert all(ln.count("|") == len(tpu_table.COLUMNS) + 1 for ln in table)
