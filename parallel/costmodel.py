@@ -188,8 +188,9 @@ class StepTime:
     @property
     def overlapped_s(self) -> float:
         """The roofline with every ICI collective hidden behind compute: max(compute,
-        memory, ICI) + DCN. With `serial_s` it brackets what a scheduler that overlaps
-        collectives with compute can reach; libtpu's estimate, where usable, lies between."""
+        memory, ICI) + DCN. A floor: libtpu's estimate, where usable, is never below it.
+        `serial_s` is no ceiling: a small program whose compute and memory times are
+        close sums kernels bound by one or the other (docs/aot-and-planning.md)."""
         return max(self.compute_s, self.memory_s, self.ici_s) + self.dcn_s
 
 

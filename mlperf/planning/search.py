@@ -319,7 +319,8 @@ def evaluate(
     row.update(
         grad_reduce_dtype=grad_dtype,
         step_s=step.total_s,
-        # Without a compiler estimate the step is the no-overlap bound; the other bound.
+        # Without a compiler estimate the step is the serial figure (ICI after compute);
+        # the figure with ICI hidden behind compute goes beside it.
         step_overlapped_s=step.overlapped_s if step.compiler_s is None else None,
         compute_s=step.compute_s,
         memory_s=step.memory_s,
