@@ -295,7 +295,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         gather_scatter=train.get("gather_scatter"),
         step_s=step.total_s,
         step_bounds_s=(step.overlapped_s, step.serial_s),
-        **({"compiler_s": step.compiler_s} if step.compiler_s is not None else {}),
+        compiler_s=step.compiler_s,
         dcn_s=step.dcn_s,
         step_method=_method(train),
         mfu=analytic / (chips * chip.peak_flops * step.total_s),
@@ -325,7 +325,7 @@ def _step_cell(row: dict[str, Any]) -> str:
     text = f"{row['step_s'] * 1e3:.2f} ms ({row['step_method']}"
     if row.get("step_bounds_s"):
         low, high = (s * 1e3 for s in row["step_bounds_s"])
-        if "compiler_s" in row:
+        if row.get("compiler_s") is not None:
             text += f"; roofline {low:.2f} ms with ICI overlapped, {high:.2f} ms serial"
         else:  # the step is the serial figure
             text += f"; {low:.2f} ms with ICI overlapped"

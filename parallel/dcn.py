@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from parallel.aot import _INSTR, _SHAPE, COLLECTIVES, _shape_bytes, collective_chain, wire_bytes
+from parallel.aot import _INSTR, _SHAPE, COLLECTIVES, _shape_bytes, repeated_link, wire_bytes
 
 
 def _iota(dims_text: str, reshape_text: str, transpose_text: str | None) -> np.ndarray:
@@ -129,11 +129,8 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
             continue
         if op not in COLLECTIVES:
             continue
-        chain = collective_chain(line)
-        if chain is not None:
-            if chain in chains_seen:
-                continue
-            chains_seen.add(chain)
+        if repeated_link(line, chains_seen):
+            continue
         groups = replica_groups(line, n)
         spans = [len({slice_of[i] for i in g if i < n}) for g in groups]
         crossing = max(spans, default=1)
