@@ -10,7 +10,7 @@ computation and of every while body (counted times its trip count) becomes one r
   backend_config; libtpu writes it for fusions, copies and other kernels, not for
   collectives), converted to seconds with the chip's clock;
 - `flops` (dots and convolutions exactly, elementwise ops one per element, as
-  `parallel.hlo_loops.hlo_flops`) and `bytes` (operands read plus result written);
+  `parallel.aot.hlo_flops`) and `bytes` (operands read plus result written);
 - collectives get the ring model's time instead: wire bytes (`parallel.aot.wire_bytes`)
   over the links' bandwidth, since the compiler writes no cycle count for them;
 - `kind`: matmul (a fusion holding a dot or convolution), collective, copy/transpose,
@@ -33,12 +33,13 @@ from typing import Any
 from parallel.aot import (
     COLLECTIVES,
     _attr,
+    _instr_flops,
     _parse_computations,
     _shape_bytes,
+    _trip_count,
     replica_group_size,
     wire_bytes,
 )
-from parallel.hlo_loops import _instr_flops, _trip_count
 
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')

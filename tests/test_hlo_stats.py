@@ -141,7 +141,7 @@ ENTRY %main (a: f32[8,16]) -> f32[8,16] {
 
 
 def test_loop_flops_multiply_the_body_by_the_induction_variable_trip_count():
-    from parallel.hlo_loops import hlo_flops
+    from parallel.aot import hlo_flops
 
     dot = 2 * 8 * 16 * 16
     assert hlo_flops(LOOP_HLO, matmul_only=True) == 4 * dot
@@ -165,8 +165,7 @@ STEPPED_LOOP_HLO = (
 def test_a_loop_stepping_by_two_runs_half_the_bound_and_its_permutes_count_per_trip():
     """The trip count reads the induction variable's step (counting `i < 8` as 8 trips
     doubled a 100B BERT's FLOPs on 4096 chips), and wire bytes count every trip."""
-    from parallel.aot import hlo_op_stats
-    from parallel.hlo_loops import hlo_flops, hlo_wire_bytes
+    from parallel.aot import hlo_flops, hlo_op_stats, hlo_wire_bytes
 
     dot = 2 * 8 * 16 * 16
     assert hlo_flops(STEPPED_LOOP_HLO, matmul_only=True) == 4 * dot
@@ -245,7 +244,7 @@ ENTRY %main (a: bf16[2,8,256,512,7], b: bf16[2,512,7,8,1]) -> bf16[2,512,256,7,7
 
 
 def test_convolution_flops_skip_taps_on_dilation_holes_and_padding():
-    from parallel.hlo_loops import hlo_flops
+    from parallel.aot import hlo_flops
 
     # batch 256 x out features 7 x in features 8 x real (position, tap) pairs: 2 of 4
     # in dim 0, 512 of 512x512 in dim 1, 7 in dim 2.
@@ -293,8 +292,7 @@ CHAIN_LOOP_HLO = "".join(_LINK.format(n=n) for n in range(3)) + LOOP_HLO.replace
 def test_a_collective_split_into_a_chain_of_fusions_counts_once():
     """libtpu's v5e programs split large all-gathers into chains; counting every link
     with the full shape counted BERT-large's activation gathers 2.6x over on v5e."""
-    from parallel.aot import chain_links
-    from parallel.hlo_loops import hlo_wire_bytes
+    from parallel.aot import chain_links, hlo_wire_bytes
 
     assert chain_links(CHAIN_LOOP_HLO) == {("43", "3"): 3}
     stats = hlo_op_stats(CHAIN_LOOP_HLO)
