@@ -16,8 +16,9 @@ from flax import nnx
 from mlperf.layers.attention import SelfAttention
 from mlperf.layers.bias import add_bias
 from mlperf.layers.cross_entropy import chunked_eval_stats, softmax_cross_entropy
+from mlperf.layers.dropout import dropout
 from mlperf.layers.embedding import Embed, gather_positions
-from mlperf.layers.linear import DenseGeneral, LayerNorm, dropout, logical_param
+from mlperf.layers.linear import DenseGeneral, LayerNorm, logical_param
 from mlperf.layers.mlp import ACTIVATIONS, MlpBlock
 from mlperf.layers.vocab_sliced_xent import PADDING_LOGIT, vocab_sliced_cross_entropy
 from parallel.partition import constrain, constrain_if_mapped

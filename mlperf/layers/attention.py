@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mlperf.layers.linear import DenseGeneral, dropout, dropout_keep_mask
+from mlperf.layers.dropout import dropout, dropout_keep_mask, keep_scale
+from mlperf.layers.linear import DenseGeneral
 from parallel.partition import constrain
 
 
@@ -94,7 +95,7 @@ class SelfAttention(nnx.Module):
         scale = 1.0
         if keep is not None:
             weights = jnp.where(keep, weights, 0).astype(self.dtype)
-            scale = 1.0 / (1.0 - self.dropout_rate)
+            scale = keep_scale(self.dropout_rate)
         ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         denom_BxLxHx1 = jnp.transpose(total_BxHxL, (0, 2, 1))[..., None]
         ctx = ctx_BxLxHxK.astype(denom_BxLxHx1.dtype) * (scale / denom_BxLxHx1)

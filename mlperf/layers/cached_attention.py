@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mlperf.layers.linear import DenseGeneral, dropout
+from mlperf.layers.dropout import dropout
+from mlperf.layers.linear import DenseGeneral
 from parallel.partition import constrain
 
 Cache = dict[str, jax.Array]

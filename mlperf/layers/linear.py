@@ -1,4 +1,4 @@
-"""Parameters with logical axes, dense (einsum) projections, layer norm and dropout.
+"""Parameters with logical axes, dense (einsum) projections and layer norm.
 
 Every parameter carries its logical axis names as flax metadata (`out_sharding`);
 `parallel/` turns those into mesh shardings. Eager sharding is off: modules never
@@ -119,21 +119,3 @@ class LayerNorm(nnx.Module):
         var = jnp.square(x32 - mean).mean(-1, keepdims=True)
         y = (x32 - mean) * jax.lax.rsqrt(var + self.eps)
         return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
-
-
-def dropout_keep_mask(
-    shape: tuple[int, ...], rate: float, rng: jax.Array | None
-) -> jax.Array | None:
-    """The elements dropout keeps (True) for `rng`; None when nothing is dropped (eval or
-    rate 0). One draw for every dropout form, so their masks agree for the same key."""
-    if rng is None or rate == 0.0:
-        return None
-    return jax.random.bernoulli(rng, 1.0 - rate, shape)
-
-
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout; identity when `rng` is None (eval) or rate is 0."""
-    keep = dropout_keep_mask(x.shape, rate, rng)
-    if keep is None:
-        return x
-    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)

@@ -22,8 +22,9 @@ from mlperf.layers.cached_attention import (
     causal_mask,
     segment_mask,
 )
+from mlperf.layers.dropout import dropout
 from mlperf.layers.embedding import Embed
-from mlperf.layers.linear import LayerNorm, dropout
+from mlperf.layers.linear import LayerNorm
 from mlperf.layers.mlp import MlpBlock
 from parallel.partition import constrain
 

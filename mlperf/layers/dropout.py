@@ -1,0 +1,84 @@
+"""Inverted dropout whose keep masks cost a quarter of a threefry block per element.
+
+`jax.random.bernoulli` draws a 32-bit uniform per element, and JAX's partitionable
+threefry spends a whole 2x32 block (20 rounds) on each 32-bit word. A keep decision needs
+far fewer bits: 16 bits resolve a rate to 1/65536. So one block here yields four 16-bit
+words, four elements' decisions: a quarter of the random-bit work, the largest
+elementwise cost of a CPU train step with dropout (docs/performance.md, "Dropout's
+random bits"). The counters keep the tensor's leading axes and pack along the last, so a
+mask sharded like its activation is generated where it is used, as with
+`jax.random.bits`.
+
+The rate is rounded to a multiple of 1/65536 (0.1 drops 6554/65536 = 0.100006 of the
+elements); `keep_scale` scales by the rounded keep probability, so the expectation of the
+output equals the input exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.random import threefry2x32_p
+
+_LEVELS = 1 << 16  # a keep decision compares one 16-bit word against the rate
+
+
+def drop_threshold(rate: float) -> int:
+    """How many of the 65536 values of a 16-bit word drop the element."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout rate {rate} is outside [0, 1): set it to 0 to disable")
+    return round(rate * _LEVELS)
+
+
+def keep_scale(rate: float) -> float:
+    """1 / P(keep) for the rounded rate: the inverted-dropout scaling."""
+    return _LEVELS / (_LEVELS - drop_threshold(rate))
+
+
+def _words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform 16-bit words (as uint32) of `shape`, four per threefry block."""
+    *lead, last = shape if shape else (1,)
+    blocks = -(-last // 4)
+    if str(jax.random.key_impl(rng)) == "threefry2x32" and math.prod(lead) < 2**32:
+        key = jax.random.key_data(rng)
+        counter_shape = (*lead, blocks)
+        # Block (i, j): i the flat index over the leading axes, j the block along the last.
+        row = jnp.zeros(counter_shape, jnp.uint32)
+        stride = 1
+        for axis in reversed(range(len(lead))):
+            row = row + lax.broadcasted_iota(jnp.uint32, counter_shape, axis) * np.uint32(stride)
+            stride *= lead[axis]
+        column = lax.broadcasted_iota(jnp.uint32, counter_shape, len(lead))
+        hi, lo = threefry2x32_p.bind(key[0], key[1], row, column)
+        halves = [hi & 0xFFFF, hi >> 16, lo & 0xFFFF, lo >> 16]
+    else:
+        # Another key implementation (rbg), or more rows than a 32-bit counter holds:
+        # the implementation's own 32-bit words, two decisions each.
+        words = jax.random.bits(rng, (*lead, 2 * blocks), jnp.uint32)
+        halves = [words & 0xFFFF, words >> 16]
+    packed = jnp.concatenate(halves, axis=-1)
+    if packed.shape[-1] != last:
+        packed = packed[..., :last]
+    return packed.reshape(shape)
+
+
+def dropout_keep_mask(
+    shape: tuple[int, ...], rate: float, rng: jax.Array | None
+) -> jax.Array | None:
+    """The elements dropout keeps (True) for `rng`; None when nothing is dropped (eval or
+    rate 0). One draw for every dropout form, so their masks agree for the same key."""
+    if rng is None or rate == 0.0:
+        return None
+    return _words16(rng, tuple(shape)) >= np.uint32(drop_threshold(rate))
+
+
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+    """Inverted dropout; identity when `rng` is None (eval) or rate is 0."""
+    keep = dropout_keep_mask(x.shape, rate, rng)
+    if keep is None:
+        return x
+    return jnp.where(keep, x * keep_scale(rate), 0).astype(x.dtype)
