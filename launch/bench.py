@@ -31,7 +31,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.cli import parse_flags, relax_cpu_collective_timeouts, usage_error
+from launch.cli import keep_host_memory, parse_flags, relax_cpu_collective_timeouts, usage_error
 from mlperf.peak_flops import measure_matmul_peak
 from mlperf.validate import ConfigError, apply_mesh_override
 from parallel.mesh import MeshShapeError
@@ -210,6 +210,8 @@ def peers_main() -> None:
     from launch import bench_peers
 
     bench_peers.one_cpu_device()  # before jax starts its backend
+    # Our CPU runs keep freed host memory; the peer shares the process and so the setting.
+    keep_host_memory("cpu")
     if _PEER_THREADS.value:
         bench_peers.limit_threads(_PEER_THREADS.value)  # before jax starts its backend
     rows = bench_peers.run_peers(
@@ -292,6 +294,8 @@ def variants_main() -> None:
 
 
 def main(argv: list[str]) -> None:
+    if argv[1:] != ["peers"]:
+        keep_host_memory()  # CPU runs; before jax starts its backend
     if argv[1:] == ["collectives"]:
         return collectives_main()
     if argv[1:] == ["peers"]:

@@ -27,6 +27,7 @@ from launch.cli import (
     EXIT_PREEMPTED,
     EXIT_TARGET_NOT_REACHED,
     dump_stacks_on_sigusr1,
+    keep_host_memory,
     parse_flags,
     relax_cpu_collective_timeouts,
 )
@@ -123,6 +124,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     dump_stacks_on_sigusr1()
+    keep_host_memory()  # CPU runs; before jax starts its backend
     try:
         init_distributed(
             _COORDINATOR.value,
