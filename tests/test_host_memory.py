@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, cpu_env
+from conftest import REPO, cpu_env, tiny_train_command
 
 from mlperf import host_memory
 
@@ -57,23 +57,12 @@ def test_only_cpu_runs_keep_memory_unless_the_environment_says():
         host_memory.wanted("cpu", {host_memory.ENV_VAR: "yes"})
 
 
-def test_a_bad_setting_ends_train_with_one_line():
+def test_a_bad_setting_ends_train_with_one_line(tmp_path):
     env = dict(cpu_env(), **{host_memory.ENV_VAR: "yes"})
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.train",
-            "--config",
-            "configs/bert.py:tiny",
-            "--workdir",
-            "/nonexistent/w",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+        tiny_train_command(tmp_path / "w"), cwd=REPO, env=env, capture_output=True, text=True
     )
     assert out.returncode == 2
     assert "MULTIPOD_KEEP_HOST_MEMORY='yes'" in out.stderr
     assert "Traceback" not in out.stderr
+    assert not (tmp_path / "w").exists()  # nothing started
