@@ -210,8 +210,9 @@ def peers_main() -> None:
     from launch import bench_peers
 
     bench_peers.one_cpu_device()  # before jax starts its backend
-    # Our CPU runs keep freed host memory; the peer shares the process and so the setting.
-    keep_host_memory("cpu")
+    # One device, one thread a side: keeping freed host memory pays here (the peer
+    # shares the process and so the setting).
+    keep_host_memory(default=True)
     if _PEER_THREADS.value:
         bench_peers.limit_threads(_PEER_THREADS.value)  # before jax starts its backend
     rows = bench_peers.run_peers(
@@ -295,7 +296,7 @@ def variants_main() -> None:
 
 def main(argv: list[str]) -> None:
     if argv[1:] != ["peers"]:
-        keep_host_memory()  # CPU runs; before jax starts its backend
+        keep_host_memory()  # when MULTIPOD_KEEP_HOST_MEMORY=1; before jax starts its backend
     if argv[1:] == ["collectives"]:
         return collectives_main()
     if argv[1:] == ["peers"]:

@@ -63,18 +63,14 @@ def relax_cpu_collective_timeouts(env: MutableMapping[str, str] = os.environ) ->
     env["XLA_FLAGS"] = " ".join(flags)
 
 
-def keep_host_memory(platforms: str | None = None) -> bool:
-    """mlperf.host_memory for a run on `platforms` (default: JAX's jax_platforms, i.e.
-    $JAX_PLATFORMS); call before jax starts its backend. A bad
-    MULTIPOD_KEEP_HOST_MEMORY ends the process with one line (exit code 2)."""
+def keep_host_memory(default: bool = False) -> bool:
+    """mlperf.host_memory (`default`, or MULTIPOD_KEEP_HOST_MEMORY); call before jax
+    starts its backend. A bad MULTIPOD_KEEP_HOST_MEMORY ends the process with one line
+    (exit code 2)."""
     from mlperf import host_memory
 
-    if platforms is None:
-        import jax
-
-        platforms = jax.config.jax_platforms
     try:
-        return host_memory.configure(platforms)
+        return host_memory.configure(default)
     except ValueError as e:
         usage_error(str(e))
         return False

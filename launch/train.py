@@ -124,7 +124,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     dump_stacks_on_sigusr1()
-    keep_host_memory()  # CPU runs; before jax starts its backend
+    keep_host_memory()  # when MULTIPOD_KEEP_HOST_MEMORY=1; before jax starts its backend
     try:
         init_distributed(
             _COORDINATOR.value,

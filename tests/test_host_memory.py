@@ -47,14 +47,13 @@ def test_a_freed_block_is_reused_without_page_faults():
     assert _faults("keep") < 5_000
 
 
-def test_only_cpu_runs_keep_memory_unless_the_environment_says():
-    assert host_memory.wanted("cpu", {})
-    assert not host_memory.wanted("tpu", {})
-    assert not host_memory.wanted(None, {})
-    assert not host_memory.wanted("cpu", {host_memory.ENV_VAR: "0"})
-    assert host_memory.wanted("", {host_memory.ENV_VAR: "1"})
+def test_the_environment_overrides_the_default():
+    assert host_memory.wanted(True, {})
+    assert not host_memory.wanted(False, {})
+    assert not host_memory.wanted(True, {host_memory.ENV_VAR: "0"})
+    assert host_memory.wanted(False, {host_memory.ENV_VAR: "1"})
     with pytest.raises(ValueError, match="set it to 1"):
-        host_memory.wanted("cpu", {host_memory.ENV_VAR: "yes"})
+        host_memory.wanted(False, {host_memory.ENV_VAR: "yes"})
 
 
 def test_a_bad_setting_ends_train_with_one_line(tmp_path):
