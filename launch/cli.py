@@ -72,8 +72,8 @@ def keep_host_memory(default: bool = False) -> bool:
     try:
         return host_memory.configure(default)
     except ValueError as e:
-        usage_error(str(e))
-        return False
+        usage_error(str(e))  # exits
+        raise
 
 
 def usage_error(message: str) -> None:

@@ -74,8 +74,3 @@ def keep_freed_memory() -> bool:
 def configure(default: bool) -> bool:
     """`keep_freed_memory` when `wanted(default)`; returns whether it is in effect."""
     return wanted(default) and keep_freed_memory()
-
-
-def in_effect() -> bool:
-    """Whether this process keeps freed host memory."""
-    return _applied
