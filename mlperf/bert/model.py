@@ -19,15 +19,23 @@ from mlperf.layers.cross_entropy import chunked_eval_stats, softmax_cross_entrop
 from mlperf.layers.dropout import dropout
 from mlperf.layers.embedding import Embed, gather_positions
 from mlperf.layers.linear import DenseGeneral, LayerNorm, logical_param
+from mlperf.layers.matmul import MATMUL_OUTPUT
 from mlperf.layers.mlp import ACTIVATIONS, MlpBlock
 from mlperf.layers.vocab_sliced_xent import PADDING_LOGIT, vocab_sliced_cross_entropy
 from parallel.partition import constrain, constrain_if_mapped
 
 # jax.checkpoint policies by config name (None: save nothing, recompute the layer).
+_SAVE_MATMULS = jax.checkpoint_policies.save_only_these_names(MATMUL_OUTPUT)
+# Dense layers' matmuls are custom_vjp functions (mlperf/layers/matmul.py), which the dot
+# policies cannot see into: their outputs are saved by name.
 REMAT_POLICIES = {
     "nothing": None,
-    "dots": jax.checkpoint_policies.dots_saveable,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_saveable, _SAVE_MATMULS
+    ),
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable, _SAVE_MATMULS
+    ),
 }
 
 

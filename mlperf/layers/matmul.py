@@ -1,0 +1,124 @@
+"""The 2-D matmul of dense layers, with a backward pass that XLA:CPU runs on its fast
+kernels in bf16.
+
+`matmul(x, w)` is `x @ w` for `x: [M, K]`, `w: [K, N]` of one dtype. Its three dots
+(forward, input gradient, weight gradient) take the operands in that dtype and return
+that dtype, as the plain dot and its autodiff do; fp32 operands get exactly those dots.
+
+Why, for bf16 on CPU: XLA:CPU runs a bf16 dot on YNNPACK (AMX tiles on CPUs that have
+them) only when the dot asks for an fp32 result and its left operand is row-major with
+the contracted dimension last. Otherwise it converts the operands to fp32 and runs its
+own dot: on one core of this project's CPU machine, `[1024, 768] @ [768, 3072]` takes
+8 ms on YNNPACK against 36 ms converted (docs/performance.md). So on CPU every bf16 dot
+asks for fp32 and rounds once, and the weight gradient `x^T @ g`, which autodiff writes
+as a contraction over both operands' first dimension, gets `x^T` materialised first.
+XLA folds a plain transpose back into the dot (and expands optimisation barriers before
+it decides), so the transpose is the body of a one-trip loop whose trip count XLA cannot
+see. `lax.platform_dependent` applies this on CPU only, per lowering platform: an AOT
+compile for TPU on a CPU host gets the plain dots, which the TPU compiler accumulates in
+fp32 already.
+
+A remat policy cannot see into custom_vjp functions: the output is named
+`MATMUL_OUTPUT` (`jax.ad_checkpoint.checkpoint_name`) so that the models' dot policies
+save it by name.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.ad_checkpoint import checkpoint_name
+
+# The name of `matmul`'s output: without it a dots remat policy recomputes the matmul in
+# the backward pass (+29% FLOPs on BERT-large compiled for v3).
+MATMUL_OUTPUT = "matmul_output"
+
+_CONTRACT_LAST_FIRST = (((1,), (0,)), ((), ()))  # [M, K] @ [K, N]
+_CONTRACT_LAST_LAST = (((1,), (1,)), ((), ()))  # [M, N] @ [K, N]^T
+_CONTRACT_FIRST_FIRST = (((0,), (0,)), ((), ()))  # [M, K]^T @ [M, N]
+
+
+def _dot(a: jax.Array, b: jax.Array, dims, out_dtype) -> jax.Array:
+    """One dot of same-dtype operands with an `out_dtype` result (fp32 accumulation)."""
+    if a.dtype == jnp.float32:
+        return lax.dot_general(a, b, dims).astype(out_dtype)
+    return lax.platform_dependent(
+        a, b, cpu=lambda a, b: _dot_fp32_result(a, b, dims, out_dtype), default=_plain(dims)
+    ).astype(out_dtype)
+
+
+def _dot_fp32_result(a: jax.Array, b: jax.Array, dims, out_dtype) -> jax.Array:
+    # XLA:CPU's fast path for bf16 needs the fp32 result asked for.
+    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def _plain(dims):
+    # The TPU and GPU compilers accumulate a bf16 dot in fp32 already; an fp32 result
+    # would be an extra [M, N] fp32 write and convert (7.6% on a BERT-large step
+    # compiled for v3, docs/performance.md).
+    return lambda a, b: lax.dot_general(a, b, dims)
+
+
+def _transpose_in_loop(x: jax.Array) -> jax.Array:
+    """`x.T` as the result of a one-trip while loop: XLA cannot fold it into the dot that
+    consumes it, so the dot sees a row-major operand. The trip count is 1 whatever `x`
+    holds (`min(bits | 1, 1)` of x's first element, which XLA does not evaluate), and
+    the loop's only carried array is written by its body."""
+    bits = lax.bitcast_convert_type(x.reshape(-1)[0].astype(jnp.float32), jnp.uint32)
+    trips = jnp.minimum(bits | jnp.uint32(1), jnp.uint32(1)).astype(jnp.int32)
+
+    def body(i, _):
+        return x.T
+
+    # zeros_like keeps x's type, so inside shard_map the carry varies as x.T does.
+    init = jnp.zeros_like(x, shape=x.shape[::-1])
+    return lax.fori_loop(0, trips, body, init)
+
+
+def _weight_grad_cpu(a: jax.Array, b: jax.Array) -> jax.Array:
+    return _dot(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST, a.dtype)
+
+
+def _weight_grad(a: jax.Array, b: jax.Array) -> jax.Array:
+    return _dot(a, b, _CONTRACT_FIRST_FIRST, a.dtype)
+
+
+def _a_transposed_times_b(a: jax.Array, b: jax.Array) -> jax.Array:
+    """`a^T @ b` for `a: [M, P]`, `b: [M, Q]`, the weight gradients' contraction."""
+    if a.dtype == jnp.float32:
+        # XLA:CPU's own fp32 dot takes the transposed operand as fast as YNNPACK does.
+        return _weight_grad(a, b)
+    return lax.platform_dependent(a, b, cpu=_weight_grad_cpu, default=_weight_grad)
+
+
+def _check(x: jax.Array, w: jax.Array) -> None:
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"matmul takes [M, K] @ [K, N], got {x.shape} and {w.shape}.")
+    if x.dtype != w.dtype:
+        raise ValueError(f"matmul operands must share a dtype, got {x.dtype} and {w.dtype}.")
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """`x @ w` for `[M, K] @ [K, N]` operands of one dtype, in that dtype."""
+    _check(x, w)
+    return checkpoint_name(_matmul(x, w), MATMUL_OUTPUT)
+
+
+@jax.custom_vjp
+def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    return _dot(x, w, _CONTRACT_LAST_FIRST, x.dtype)
+
+
+def _matmul_fwd(x: jax.Array, w: jax.Array):
+    return _matmul(x, w), (x, w)
+
+
+def _matmul_bwd(residuals, g: jax.Array):
+    x, w = residuals
+    g = g.astype(x.dtype)
+    dx = _dot(g, w, _CONTRACT_LAST_LAST, x.dtype)
+    return dx, _a_transposed_times_b(x, g).astype(w.dtype)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
