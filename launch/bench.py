@@ -69,6 +69,12 @@ _PEER_LAST_ROWS = flags.DEFINE_bool(
     False,
     "peers: our BERT's last layer at the heads' rows only (model.last_layer_head_positions_only).",
 )
+_PEER_DTYPE = flags.DEFINE_enum(
+    "peer_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "peers: compute dtype of both sides (bfloat16: ours in bf16, torch under CPU autocast).",
+)
 _PEER_EINSUM = flags.DEFINE_bool(
     "peer_einsum_gather", False, "peers: our one-hot einsum lookups (the TPU choice) on CPU."
 )
@@ -222,6 +228,7 @@ def peers_main() -> None:
         _PEER_STEPS.value,
         _PEER_EINSUM.value,
         _PEER_LAST_ROWS.value,
+        _PEER_DTYPE.value,
     )
     print(json.dumps(rows, indent=2) if _JSON.value else bench_peers.table(rows))
 

@@ -3,8 +3,10 @@
     python -m launch.bench peers [--peer_sizes tiny,base] [--rounds 5] [--peer_steps 3]
 
 BERT: our `mlperf.bert` pretraining step against Hugging Face `BertForPreTraining`
-at the same size, batch, dtype (fp32), dropout and optimizer (AdamW), both from random
-init on the same synthetic batch. Transformer: our `mlperf.transformer` against
+at the same size, batch, dtype, dropout and optimizer (AdamW), both from random
+init on the same synthetic batch. The dtype is fp32, or with `--peer_dtype bfloat16` ours
+in bf16 compute (fp32 parameters) against torch under `torch.autocast("cpu",
+torch.bfloat16)`. Transformer: our `mlperf.transformer` against
 `torch.nn.Transformer` with the same dimensions (pre-LN, ReLU, shared embedding tied to
 the output projection, sinusoidal positions, label smoothing 0.1, Adam), one padded
 sentence pair per row. Ours uses gathers for lookups, the CPU choice of the configs
@@ -101,10 +103,11 @@ def synthetic_bert_batch(size: BertSize, seed: int = 0) -> dict[str, np.ndarray]
 
 
 def ours_bert_step(
-    size: BertSize, einsum_gather: bool, last_layer_rows: bool = False
+    size: BertSize, einsum_gather: bool, last_layer_rows: bool = False, dtype: str = "float32"
 ) -> Callable[[], Any]:
     """Our compiled BERT train step on one device; returns a closure running one step.
-    `last_layer_rows`: model.last_layer_head_positions_only."""
+    `last_layer_rows`: model.last_layer_head_positions_only; `dtype`: the compute dtype
+    (parameters stay fp32)."""
     from configs.bert import get_config
     from mlperf.trainer import build_trainer
 
@@ -123,7 +126,7 @@ def ours_bert_step(
         seq_length=size.seq_length, max_predictions=size.max_predictions, vocab_size=size.vocab_size
     )
     c.einsum_gather = einsum_gather
-    c.precision.compute_dtype = "float32"
+    c.precision.compute_dtype = dtype
     c.optimizer.update(name="adamw", learning_rate=1e-4, warmup_steps=0, weight_decay=0.01)
     c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
     c.mesh.ici_shape = (1, 1)
@@ -131,7 +134,9 @@ def ours_bert_step(
     return _our_step(trainer, synthetic_bert_batch(size))
 
 
-def hf_bert_step(size: BertSize, gathered_head: bool = False) -> Callable[[], Any]:
+def hf_bert_step(
+    size: BertSize, gathered_head: bool = False, dtype: str = "float32"
+) -> Callable[[], Any]:
     """Hugging Face BertForPreTraining + torch AdamW; returns a closure running one step.
 
     `gathered_head=False`: the stock model with MLM labels (-100 off the masked
@@ -181,15 +186,35 @@ def hf_bert_step(size: BertSize, gathered_head: bool = False) -> Callable[[], An
         return ce(mlm_logits.flatten(0, 1), mlm_ids.flatten()) + ce(nsp_logits, nsp_labels)
 
     loss_fn = loss_gathered if gathered_head else loss_stock
+    precision = _torch_precision(dtype)
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn()
+        with precision():
+            loss = loss_fn()
         loss.backward()
         optimizer.step()
         return loss.item()
 
     return step
+
+
+def _label(model: str, size: str, dtype: str) -> str:
+    """A table row's comparison name: `bert:base`, or `bert:base bf16` in bfloat16."""
+    return f"{model}:{size}" + ("" if dtype == "float32" else " bf16")
+
+
+def _torch_precision(dtype: str) -> Callable[[], Any]:
+    """A context factory for torch's side: autocast to bf16 on CPU, or nothing (fp32)."""
+    import contextlib
+
+    import torch
+
+    if dtype == "float32":
+        return contextlib.nullcontext
+    if dtype == "bfloat16":
+        return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    raise ValueError(f"unknown peer dtype {dtype!r}; choose float32 or bfloat16.")
 
 
 def alternate(
@@ -237,19 +262,25 @@ def compare(
 
 
 def bench_bert(
-    size: BertSize, rounds: int, steps: int, einsum_gather: bool, last_layer_rows: bool = False
+    size: BertSize,
+    rounds: int,
+    steps: int,
+    einsum_gather: bool,
+    last_layer_rows: bool = False,
+    dtype: str = "float32",
 ) -> list[dict[str, Any]]:
     """Our BERT against Hugging Face's (stock, and with the head on masked positions)."""
     sides = {
-        "ours": ours_bert_step(size, einsum_gather, last_layer_rows),
-        "hf_bert": hf_bert_step(size),
-        "hf_bert_gathered": hf_bert_step(size, gathered_head=True),
+        "ours": ours_bert_step(size, einsum_gather, last_layer_rows, dtype),
+        "hf_bert": hf_bert_step(size, dtype=dtype),
+        "hf_bert_gathered": hf_bert_step(size, gathered_head=True, dtype=dtype),
     }
-    rows = compare(f"bert:{size.name}", sides, size.batch_size, rounds, steps)
+    rows = compare(_label("bert", size.name, dtype), sides, size.batch_size, rounds, steps)
     for row in rows:
         row["size"] = dataclasses.asdict(size)
         row["einsum_gather"] = einsum_gather
         row["last_layer_rows"] = last_layer_rows
+        row["dtype"] = dtype
     return rows
 
 
@@ -295,8 +326,9 @@ def synthetic_translation_batch(size: TransformerSize, seed: int = 0) -> dict[st
     return out
 
 
-def ours_transformer_step(size: TransformerSize) -> Callable[[], Any]:
-    """Our compiled Transformer train step on one device (gathers, the CPU choice)."""
+def ours_transformer_step(size: TransformerSize, dtype: str = "float32") -> Callable[[], Any]:
+    """Our compiled Transformer train step on one device (gathers, the CPU choice) in
+    compute dtype `dtype`."""
     from configs.transformer import get_config
     from mlperf.trainer import build_trainer
 
@@ -311,7 +343,7 @@ def ours_transformer_step(size: TransformerSize) -> Callable[[], Any]:
     )
     c.data.update(vocab_size=size.vocab_size, max_length=size.length)
     c.einsum_gather = False
-    c.precision.compute_dtype = "float32"
+    c.precision.compute_dtype = dtype
     c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
     c.mesh.ici_shape = (1, 1)
     trainer = build_trainer(c, devices=jax.devices()[:1], prepare_data=False)
@@ -333,9 +365,10 @@ def _our_step(trainer, host_batch: dict[str, np.ndarray]) -> Callable[[], Any]:
     return step
 
 
-def torch_transformer_step(size: TransformerSize) -> Callable[[], Any]:
+def torch_transformer_step(size: TransformerSize, dtype: str = "float32") -> Callable[[], Any]:
     """torch.nn.Transformer (pre-LN, ReLU, same dims) with a shared embedding tied to the
-    output projection, sinusoidal positions, label-smoothed loss, torch Adam."""
+    output projection, sinusoidal positions, label-smoothed loss, torch Adam; `dtype`
+    as in `hf_bert_step`."""
     import math
 
     import torch
@@ -373,9 +406,9 @@ def torch_transformer_step(size: TransformerSize) -> Callable[[], Any]:
     causal = torch.nn.Transformer.generate_square_subsequent_mask(size.length)
     src_pad, tgt_pad = b["inputs_segmentation"] == 0, b["targets_segmentation"] == 0
     weights = (~tgt_pad).float()
+    precision = _torch_precision(dtype)
 
-    def step():
-        optimizer.zero_grad(set_to_none=True)
+    def forward():
         y = core(
             embed_at(b["inputs"], b["inputs_position"]),
             embed_at(decoder_in, b["targets_position"]),
@@ -389,7 +422,12 @@ def torch_transformer_step(size: TransformerSize) -> Callable[[], Any]:
         xent = torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), b["targets"].flatten(), reduction="none", label_smoothing=0.1
         )
-        loss = (xent * weights.flatten()).sum() / weights.sum()
+        return (xent * weights.flatten()).sum() / weights.sum()
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with precision():
+            loss = forward()
         loss.backward()
         optimizer.step()
         return loss.item()
@@ -397,17 +435,21 @@ def torch_transformer_step(size: TransformerSize) -> Callable[[], Any]:
     return step
 
 
-def bench_transformer(sizes: list[str], rounds: int, steps: int) -> list[dict[str, Any]]:
+def bench_transformer(
+    sizes: list[str], rounds: int, steps: int, dtype: str = "float32"
+) -> list[dict[str, Any]]:
     """Our Transformer against torch.nn.Transformer at each size."""
     rows = []
     for name in sizes:
         size = TRANSFORMER_SIZES[name]
         sides = {
-            "ours": ours_transformer_step(size),
-            "torch_transformer": torch_transformer_step(size),
+            "ours": ours_transformer_step(size, dtype),
+            "torch_transformer": torch_transformer_step(size, dtype),
         }
-        for row in compare(f"transformer:{name}", sides, size.batch_size, rounds, steps):
+        label = _label("transformer", name, dtype)
+        for row in compare(label, sides, size.batch_size, rounds, steps):
             row["size"] = dataclasses.asdict(size)
+            row["dtype"] = dtype
             rows.append(row)
     return rows
 
@@ -419,22 +461,28 @@ def run_peers(
     steps: int,
     einsum_gather: bool,
     last_layer_rows: bool = False,
+    dtype: str = "float32",
 ) -> list[dict[str, Any]]:
-    """Every requested comparison; a model whose code is not in the repo is skipped with a
-    note row (the Transformer lands separately)."""
+    """Every requested comparison in compute dtype `dtype` (float32, or bfloat16 against
+    torch's CPU autocast); a model whose code is not in the repo is skipped with a note
+    row (the Transformer lands separately)."""
     unknown = [s for s in sizes if s not in BERT_SIZES]
     if unknown:
         raise ValueError(f"unknown peer sizes {unknown}; choose from {sorted(BERT_SIZES)}.")
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"unknown peer dtype {dtype!r}; choose float32 or bfloat16.")
     rows = []
     for model in models:
         if model == "bert":
             for s in sizes:
-                rows += bench_bert(BERT_SIZES[s], rounds, steps, einsum_gather, last_layer_rows)
+                rows += bench_bert(
+                    BERT_SIZES[s], rounds, steps, einsum_gather, last_layer_rows, dtype
+                )
         elif model == "transformer":
             if not os.path.exists(_TRANSFORMER_MODEL):
                 print(f"transformer: skipped, {_TRANSFORMER_MODEL} is not in this checkout yet")
                 continue
-            rows += bench_transformer(sizes, rounds, steps)
+            rows += bench_transformer(sizes, rounds, steps, dtype)
         else:
             raise ValueError(f"unknown peer model {model!r}; choose bert or transformer.")
     return rows

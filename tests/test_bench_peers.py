@@ -69,6 +69,30 @@ def test_transformer_one_round():
     assert rows[0]["peer"] == "torch" and rows[0]["ratio"] > 0
 
 
+@pytest.mark.xdist_group("bench_peers")
+def test_bf16_sides_train_the_same_task():
+    """--peer_dtype bfloat16: ours in bf16 compute, torch under CPU autocast; both start
+    at chance and train, and the rows say bf16."""
+    chance = math.log(BERT.vocab_size) + math.log(2)
+    sides = {
+        "ours": bp.ours_bert_step(BERT, einsum_gather=False, dtype="bfloat16"),
+        "hf_bert_gathered": bp.hf_bert_step(BERT, gathered_head=True, dtype="bfloat16"),
+    }
+    for name, step in sides.items():
+        first = step()
+        assert first == pytest.approx(chance, rel=0.05), name
+        assert step() < first, name
+    peer = bp.torch_transformer_step(TRANSFORMER, dtype="bfloat16")
+    assert peer() == pytest.approx(math.log(TRANSFORMER.vocab_size), rel=0.05)
+    assert bp._label("bert", "base", "bfloat16") == "bert:base bf16"
+    assert bp._label("bert", "base", "float32") == "bert:base"
+
+
+def test_unknown_dtype_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown peer dtype 'float16'"):
+        bp.run_peers(["bert"], ["tiny"], 1, 1, False, dtype="float16")
+
+
 def test_unknown_sizes_and_models_are_clear_errors():
     with pytest.raises(ValueError, match="unknown peer sizes"):
         bp.run_peers(["bert"], ["huge"], 1, 1, False)
