@@ -204,17 +204,25 @@ def _label(model: str, size: str, dtype: str) -> str:
     return f"{model}:{size}" + ("" if dtype == "float32" else " bf16")
 
 
+PEER_DTYPES = ("float32", "bfloat16")
+
+
+def check_dtype(dtype: str) -> None:
+    """A clear error for a compute dtype the comparison has no peer setting for."""
+    if dtype not in PEER_DTYPES:
+        raise ValueError(f"unknown peer dtype {dtype!r}; choose float32 or bfloat16.")
+
+
 def _torch_precision(dtype: str) -> Callable[[], Any]:
     """A context factory for torch's side: autocast to bf16 on CPU, or nothing (fp32)."""
     import contextlib
 
     import torch
 
-    if dtype == "float32":
-        return contextlib.nullcontext
+    check_dtype(dtype)
     if dtype == "bfloat16":
         return lambda: torch.autocast("cpu", dtype=torch.bfloat16)
-    raise ValueError(f"unknown peer dtype {dtype!r}; choose float32 or bfloat16.")
+    return contextlib.nullcontext
 
 
 def alternate(
@@ -469,8 +477,7 @@ def run_peers(
     unknown = [s for s in sizes if s not in BERT_SIZES]
     if unknown:
         raise ValueError(f"unknown peer sizes {unknown}; choose from {sorted(BERT_SIZES)}.")
-    if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"unknown peer dtype {dtype!r}; choose float32 or bfloat16.")
+    check_dtype(dtype)
     rows = []
     for model in models:
         if model == "bert":

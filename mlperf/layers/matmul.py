@@ -25,6 +25,8 @@ save it by name.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -39,25 +41,25 @@ _CONTRACT_LAST_LAST = (((1,), (1,)), ((), ()))  # [M, N] @ [K, N]^T
 _CONTRACT_FIRST_FIRST = (((0,), (0,)), ((), ()))  # [M, K]^T @ [M, N]
 
 
-def _dot(a: jax.Array, b: jax.Array, dims, out_dtype) -> jax.Array:
-    """One dot of same-dtype operands with an `out_dtype` result (fp32 accumulation)."""
+def _dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
+    """One dot of same-dtype operands, its result in their dtype: on CPU a bf16 dot asks
+    for the fp32 result (XLA:CPU's fast path) and rounds it once."""
     if a.dtype == jnp.float32:
-        return lax.dot_general(a, b, dims).astype(out_dtype)
+        return lax.dot_general(a, b, dims)
     return lax.platform_dependent(
-        a, b, cpu=lambda a, b: _dot_fp32_result(a, b, dims, out_dtype), default=_plain(dims)
-    ).astype(out_dtype)
+        a, b, cpu=functools.partial(_dot_fp32_result, dims=dims), default=_plain_dot(dims)
+    )
 
 
-def _dot_fp32_result(a: jax.Array, b: jax.Array, dims, out_dtype) -> jax.Array:
-    # XLA:CPU's fast path for bf16 needs the fp32 result asked for.
-    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(out_dtype)
+def _dot_fp32_result(a: jax.Array, b: jax.Array, dims) -> jax.Array:
+    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
-def _plain(dims):
+def _plain_dot(dims):
     # The TPU and GPU compilers accumulate a bf16 dot in fp32 already; an fp32 result
     # would be an extra [M, N] fp32 write and convert (7.6% on a BERT-large step
     # compiled for v3, docs/performance.md).
-    return lambda a, b: lax.dot_general(a, b, dims)
+    return functools.partial(lax.dot_general, dimension_numbers=dims)
 
 
 def _transpose_in_loop(x: jax.Array) -> jax.Array:
@@ -76,20 +78,17 @@ def _transpose_in_loop(x: jax.Array) -> jax.Array:
     return lax.fori_loop(0, trips, body, init)
 
 
-def _weight_grad_cpu(a: jax.Array, b: jax.Array) -> jax.Array:
-    return _dot(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST, a.dtype)
-
-
-def _weight_grad(a: jax.Array, b: jax.Array) -> jax.Array:
-    return _dot(a, b, _CONTRACT_FIRST_FIRST, a.dtype)
-
-
 def _a_transposed_times_b(a: jax.Array, b: jax.Array) -> jax.Array:
-    """`a^T @ b` for `a: [M, P]`, `b: [M, Q]`, the weight gradients' contraction."""
+    """`a^T @ b` for `a: [M, P]`, `b: [M, Q]`, the weight gradient's contraction. On CPU
+    a bf16 `a^T` is materialised first (see the module docstring); XLA:CPU's own fp32
+    dot takes the transposed operand as fast as YNNPACK does."""
     if a.dtype == jnp.float32:
-        # XLA:CPU's own fp32 dot takes the transposed operand as fast as YNNPACK does.
-        return _weight_grad(a, b)
-    return lax.platform_dependent(a, b, cpu=_weight_grad_cpu, default=_weight_grad)
+        return lax.dot_general(a, b, _CONTRACT_FIRST_FIRST)
+
+    def on_cpu(a, b):
+        return _dot_fp32_result(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST)
+
+    return lax.platform_dependent(a, b, cpu=on_cpu, default=_plain_dot(_CONTRACT_FIRST_FIRST))
 
 
 def _check(x: jax.Array, w: jax.Array) -> None:
@@ -107,7 +106,7 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
 
 @jax.custom_vjp
 def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    return _dot(x, w, _CONTRACT_LAST_FIRST, x.dtype)
+    return _dot(x, w, _CONTRACT_LAST_FIRST)
 
 
 def _matmul_fwd(x: jax.Array, w: jax.Array):
@@ -117,7 +116,7 @@ def _matmul_fwd(x: jax.Array, w: jax.Array):
 def _matmul_bwd(residuals, g: jax.Array):
     x, w = residuals
     g = g.astype(x.dtype)
-    dx = _dot(g, w, _CONTRACT_LAST_LAST, x.dtype)
+    dx = _dot(g, w, _CONTRACT_LAST_LAST)
     return dx, _a_transposed_times_b(x, g).astype(w.dtype)
 
 
