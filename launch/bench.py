@@ -1,6 +1,6 @@
 """Throughput of a config on this machine: train step, input pipeline, model FLOP/s.
 
-    python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json]
+    python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json] [--synthetic]
     python -m launch.bench collectives [--sizes 4K,1M,64M] [--device_counts 2,4,8] [--plot p.png]
                                        [--no_tpu_estimates]
     python -m launch.bench peers [--peer_models bert] [--peer_sizes tiny,base] [--rounds 5]
@@ -15,10 +15,13 @@
                                     --change model.remat=True [--change K=V,K=V]
                                     [--steps 20] [--rounds 5]
 
-Prints steps/s, examples/s, model FLOP/s as a fraction of the measured matmul peak
-of this machine (MFU), and the input pipeline's examples/s against what the step
-consumes (it must be at least 3x so input never starves training). Rates are
-medians over repeats in one run, measured after a warm-up step.
+Prints steps/s, examples/s, model FLOP/s as a fraction of the devices' peak (MFU: the
+published dense bf16 peak of a TPU or a known GPU, the measured matmul peak of a CPU
+host), and the input pipeline's examples/s against what the step consumes (it must be
+at least 3x so input never starves training). Rates are medians over repeats in one
+run, measured after a warm-up step. `--synthetic` times the step alone on a batch of
+the step's shapes, with no data prepared or read (a config whose data is not on this
+machine, such as bert:large on a GPU).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from launch.cli import keep_host_memory, parse_flags, relax_cpu_collective_timeouts, usage_error
-from mlperf.peak_flops import measure_matmul_peak
+from mlperf.peak_flops import peak_for_devices
 from mlperf.validate import ConfigError, apply_mesh_override
 from parallel.mesh import MeshShapeError
 
@@ -45,6 +48,9 @@ _MESH = flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1.")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed train steps per repeat.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Repeats; the median is reported.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object.")
+_SYNTHETIC = flags.DEFINE_bool(
+    "synthetic", False, "Time the step on a synthetic batch; prepare and read no data."
+)
 _SIZES = flags.DEFINE_list(
     "sizes", ["4K", "64K", "1M", "16M", "64M"], "collectives: bytes per device (K/M/G)."
 )
@@ -140,23 +146,34 @@ def host_input_rate(trainer, phase, layout, workers: int, batches: int) -> float
     return rate
 
 
-def bench_config(config, steps: int, repeats: int, input_workers: list[int]) -> dict:
-    """Measures the train step and the input pipeline of the first phase."""
+def bench_config(
+    config, steps: int, repeats: int, input_workers: list[int], synthetic: bool = False
+) -> dict:
+    """Measures the train step and (unless `synthetic`) the input pipeline of the first
+    phase. MFU is against the mesh's devices' peak (`peak_for_devices`)."""
+    from mlperf.planning.cpu_check import synthetic_batch
     from mlperf.trainer import build_trainer
 
-    trainer = build_trainer(config)
+    trainer = build_trainer(config, prepare_data=not synthetic)
     phase = trainer.phases[0]
     partitioner = trainer.partitioner
     layout = partitioner.data_layout(phase.global_batch_size)
-    iterator = iter(
-        trainer.task.train_data(
-            phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+    if synthetic:
+        iterator = None
+        host_batch = synthetic_batch(trainer.task.example_spec(phase), layout.host_batch_size)
+    else:
+        iterator = iter(
+            trainer.task.train_data(
+                phase, layout.host_batch_size, layout.shard_index, layout.shard_count
+            )
         )
-    )
+        host_batch = next(iterator)
+    start = time.perf_counter()
     compiled = trainer.lower_train_step(phase).compile()
+    compile_s = time.perf_counter() - start
     state = trainer.init_state()
     key = partitioner.replicate(lambda: jax.random.key(0))
-    batch = partitioner.host_to_global(next(iterator), layout)
+    batch = partitioner.host_to_global(host_batch, layout)
     state, metrics = compiled(state, batch, key)  # warm-up
     jax.block_until_ready(metrics)
 
@@ -167,6 +184,8 @@ def bench_config(config, steps: int, repeats: int, input_workers: list[int]) -> 
             state, metrics = compiled(state, batch, key)
         jax.block_until_ready(metrics)
         step_rates.append(steps * phase.global_batch_size / (time.perf_counter() - start))
+        if iterator is None:
+            continue
         start = time.perf_counter()
         for _ in range(steps):
             next(iterator)
@@ -174,27 +193,35 @@ def bench_config(config, steps: int, repeats: int, input_workers: list[int]) -> 
         host_rate = steps * layout.host_batch_size / (time.perf_counter() - start)
         input_rates.append(host_rate * layout.shard_count)
     examples_per_s = statistics.median(step_rates)
-    input_per_s = statistics.median(input_rates)
-    peak = measure_matmul_peak()
+    peak = peak_for_devices(list(partitioner.mesh.devices.flat))
     model_flops = trainer.task.flops_per_example(phase) * examples_per_s
-    workers_rates = {
-        str(w): host_input_rate(trainer, phase, layout, w, batches=max(steps, 20))
-        for w in input_workers
-    }
-    return {
-        "host_input_examples_per_s_by_workers": workers_rates,
+    row = {
         "config": f"{config.benchmark}:{config.variant}",
+        "device": partitioner.mesh.devices.flat[0].device_kind,
+        "compute_dtype": config.precision.compute_dtype,
         "mesh": dict(partitioner.mesh.shape),
         "global_batch_size": phase.global_batch_size,
+        "compile_s": compile_s,
+        "step_ms": 1000.0 * phase.global_batch_size / examples_per_s,
         "steps_per_s": examples_per_s / phase.global_batch_size,
         "examples_per_s": examples_per_s,
         "model_flops_per_s": model_flops,
-        "matmul_peak_flops_per_s": peak,
-        "mfu": model_flops / peak,
-        "input_examples_per_s": input_per_s,
-        "input_to_step_ratio": input_per_s / examples_per_s,
-        "input_keeps_up": input_per_s >= MIN_INPUT_RATIO * examples_per_s,
+        "peak_flops_per_s": peak.flops_per_s,
+        "peak_source": peak.source,
+        "mfu": model_flops / peak.flops_per_s,
+        "synthetic": synthetic,
     }
+    if iterator is None:
+        return row
+    input_per_s = statistics.median(input_rates)
+    row["host_input_examples_per_s_by_workers"] = {
+        str(w): host_input_rate(trainer, phase, layout, w, batches=max(steps, 20))
+        for w in input_workers
+    }
+    row["input_examples_per_s"] = input_per_s
+    row["input_to_step_ratio"] = input_per_s / examples_per_s
+    row["input_keeps_up"] = input_per_s >= MIN_INPUT_RATIO * examples_per_s
+    return row
 
 
 def collectives_main() -> None:
@@ -339,26 +366,43 @@ def main(argv: list[str]) -> None:
     try:
         apply_mesh_override(config, _MESH.value)
         r = bench_config(
-            config, _STEPS.value, _REPEATS.value, [int(w) for w in _INPUT_WORKERS.value]
+            config,
+            _STEPS.value,
+            _REPEATS.value,
+            [int(w) for w in _INPUT_WORKERS.value],
+            _SYNTHETIC.value,
         )
     except (ConfigError, FileNotFoundError) as e:  # bad input: one line, as launch.train
         usage_error(str(e))
     if _JSON.value:
         print(json.dumps(r, indent=2))
         return
-    print(
-        f"{r['config']} on mesh {r['mesh']} (global batch {r['global_batch_size']}):\n"
-        f"  train step   {r['steps_per_s']:.2f} steps/s, {r['examples_per_s']:.1f} examples/s\n"
-        f"  model FLOP/s {r['model_flops_per_s']:.3e} = {100 * r['mfu']:.1f}% of the measured "
-        f"matmul peak {r['matmul_peak_flops_per_s']:.3e}\n"
+    print(report(r))
+    if not r.get("input_keeps_up", True):
+        raise SystemExit(1)
+
+
+def report(r: dict) -> str:
+    """The text `launch.bench --config` prints for one `bench_config` row."""
+    lines = [
+        f"{r['config']} on {r['device']}, mesh {r['mesh']} (global batch "
+        f"{r['global_batch_size']}, {r['compute_dtype']} compute):",
+        f"  train step   {r['step_ms']:.1f} ms = {r['steps_per_s']:.2f} steps/s, "
+        f"{r['examples_per_s']:.1f} examples/s (compiled in {r['compile_s']:.1f} s)",
+        f"  model FLOP/s {r['model_flops_per_s']:.3e} = MFU {100 * r['mfu']:.1f}% of "
+        f"{r['peak_flops_per_s']:.3e} ({r['peak_source']})",
+    ]
+    if r["synthetic"]:
+        lines.append("  input        not measured (--synthetic: one batch of the step's shapes)")
+        return "\n".join(lines)
+    lines.append(
         f"  input        {r['input_examples_per_s']:.1f} examples/s = "
         f"{r['input_to_step_ratio']:.1f}x the step's consumption "
         f"({'OK' if r['input_keeps_up'] else 'TOO SLOW: input would starve the step'})"
     )
     for workers, rate in r["host_input_examples_per_s_by_workers"].items():
-        print(f"  one host's input with {workers} grain workers: {rate:.1f} examples/s")
-    if not r["input_keeps_up"]:
-        raise SystemExit(1)
+        lines.append(f"  one host's input with {workers} grain workers: {rate:.1f} examples/s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,27 @@ def test_bench_reports_step_and_input_rates_and_whether_input_keeps_up():
     assert r["config"] == "bert:tiny" and r["mesh"] == {"data": 2, "model": 4}
     assert r["global_batch_size"] == 64
     assert r["examples_per_s"] > 0 and r["input_examples_per_s"] > 0
-    assert 0 < r["mfu"] == r["model_flops_per_s"] / r["matmul_peak_flops_per_s"]
+    assert 0 < r["mfu"] == r["model_flops_per_s"] / r["peak_flops_per_s"]
+    assert r["peak_source"] == "measured fp32 matmul (cpu host)"
+    assert r["step_ms"] == 1000.0 / r["steps_per_s"] and r["synthetic"] is False
     assert r["input_to_step_ratio"] == r["input_examples_per_s"] / r["examples_per_s"]
     # The verdict the command exits on (without --json: exit code 1 when it is False).
     assert r["input_keeps_up"] == (r["input_to_step_ratio"] >= 3.0)
     assert set(r["host_input_examples_per_s_by_workers"]) == {"0"}
+
+
+def test_synthetic_times_the_step_of_a_config_whose_data_is_absent(tmp_path):
+    # bert:wikitext reads files from data.data_dir; --synthetic prepares and reads none.
+    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:wikitext"]
+    cmd += [f"--config.data.data_dir={tmp_path}", "--steps", "1", "--repeats", "1"]
+    cmd += ["--synthetic", "--json", "--config.model.hidden_size=32", "--config.model.mlp_dim=64"]
+    out = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout[out.stdout.index("{") :])
+    assert r["synthetic"] is True and r["mesh"] == {"data": 1, "model": 1}
+    assert r["examples_per_s"] > 0 and r["mfu"] > 0 and r["compile_s"] > 0
+    assert "input_examples_per_s" not in r
+    assert not list(tmp_path.iterdir())  # nothing prepared there
 
 
 def test_a_missing_data_file_is_one_line_not_a_traceback(tmp_path):
