@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 
 import jax
@@ -146,6 +147,11 @@ def host_input_rate(trainer, phase, layout, workers: int, batches: int) -> float
     return rate
 
 
+def _progress(text: str) -> None:
+    """One progress line on stderr (stdout stays the result, JSON with --json)."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
 def bench_config(
     config, steps: int, repeats: int, input_workers: list[int], synthetic: bool = False
 ) -> dict:
@@ -171,11 +177,14 @@ def bench_config(
     start = time.perf_counter()
     compiled = trainer.lower_train_step(phase).compile()
     compile_s = time.perf_counter() - start
+    _progress(f"compiled the train step in {compile_s:.1f} s")
     state = trainer.init_state()
     key = partitioner.replicate(lambda: jax.random.key(0))
     batch = partitioner.host_to_global(host_batch, layout)
+    start = time.perf_counter()
     state, metrics = compiled(state, batch, key)  # warm-up
     jax.block_until_ready(metrics)
+    _progress(f"warm-up step {time.perf_counter() - start:.2f} s")
 
     step_rates, input_rates = [], []
     for _ in range(repeats):
@@ -184,6 +193,7 @@ def bench_config(
             state, metrics = compiled(state, batch, key)
         jax.block_until_ready(metrics)
         step_rates.append(steps * phase.global_batch_size / (time.perf_counter() - start))
+        _progress(f"repeat {len(step_rates)}/{repeats}: {step_rates[-1]:.1f} examples/s")
         if iterator is None:
             continue
         start = time.perf_counter()
