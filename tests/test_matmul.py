@@ -57,7 +57,7 @@ def test_bf16_gradients_match_fp32_to_bf16_rounding():
 
 def test_cpu_bf16_weight_gradient_takes_the_transposed_operand_on_ynnpack():
     """On CPU the bf16 backward carries the one-trip transpose loop and all three dots
-    run as YNNPACK fusions; an fp32 backward has no loop; a TPU lowering neither."""
+    run as YNNPACK fusions; an fp32 backward has no loop; a TPU or GPU lowering neither."""
     x, w = _operands(jnp.bfloat16)
     grad = jax.jit(jax.grad(_loss(matmul), (0, 1)))
     cpu_hlo = grad.lower(x, w).compile().as_text()
@@ -70,9 +70,10 @@ def test_cpu_bf16_weight_gradient_takes_the_transposed_operand_on_ynnpack():
     x32, w32 = _operands(jnp.float32)
     fp32_hlo = grad.lower(x32, w32).compile().as_text()
     assert not re.search(r"\bwhile\(", fp32_hlo)
-    tpu_text = grad.trace(x, w).lower(lowering_platforms=("tpu",)).as_text()
-    assert "stablehlo.while" not in tpu_text
-    assert "stablehlo.dot_general" in tpu_text
+    for platform in ("tpu", "cuda"):  # TPU and GPU programs get the plain dots
+        text = grad.trace(x, w).lower(lowering_platforms=(platform,)).as_text()
+        assert "stablehlo.while" not in text, platform
+        assert "stablehlo.dot_general" in text, platform
 
 
 def test_inside_shard_map_the_cpu_path_matches_the_unsharded_gradient():
