@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from mlperf.bert.model import REMAT_POLICIES
 from mlperf.layers.bias import add_bias_fp32_sum
-from mlperf.layers.matmul import matmul
+from mlperf.layers.matmul import matmul, matmul_transposed
 
 
 def _operands(dtype):
@@ -137,3 +137,53 @@ def test_bad_operands_are_clear_errors():
         matmul(x, jnp.ones((4, 5), jnp.bfloat16))
     with pytest.raises(ValueError, match="must share a dtype"):
         matmul(x, jnp.ones((3, 5), jnp.float32))
+
+
+def _einsum_transposed(x, w):
+    return jnp.einsum("...k,nk->...n", x, w)
+
+
+def _dot_operand_types(hlo: str) -> set[str]:
+    """Element types of the parameters of every computation that holds a dot (XLA:CPU
+    wraps each dot in a fusion whose parameters are its operands)."""
+    types = set()
+    for computation in hlo.split("\n\n"):
+        if " dot(" in computation:
+            types |= set(re.findall(r"%param_[\d.]+ = (\w+)\[", computation))
+    return types
+
+
+def test_tied_projection_is_the_einsum_in_value_and_gradient_and_fast_on_cpu_bf16():
+    """matmul_transposed (Embed.attend): x [B, L, K] @ w [N, K]^T. fp32 is the einsum;
+    bf16 on CPU gives the einsum's values and gradients (both round fp32 sums once) from
+    dots in YNNPACK fusions, with the loop for g^T; TPU and GPU lowerings are the einsum."""
+    x = jax.random.normal(jax.random.key(0), (4, 16, 48), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (96, 48), jnp.float32) / 8
+    for dtype in (jnp.float32, jnp.bfloat16):
+        xd, wd = x.astype(dtype), w.astype(dtype)
+        y = jax.jit(matmul_transposed)(xd, wd)
+        assert y.dtype == dtype and y.shape == (4, 16, 96)
+        np.testing.assert_array_equal(y, jax.jit(_einsum_transposed)(xd, wd))
+        ours = jax.jit(jax.grad(_loss(matmul_transposed), (0, 1)))(xd, wd)
+        ref = jax.jit(jax.grad(_loss(_einsum_transposed), (0, 1)))(xd, wd)
+        for a, b in zip(ours, ref, strict=True):
+            assert a.dtype == dtype
+            np.testing.assert_array_equal(a, b)
+    xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+    grad = jax.jit(jax.grad(_loss(matmul_transposed), (0, 1)))
+    cpu_hlo = grad.lower(xb, wb).compile().as_text()
+    assert re.search(r"\bwhile\(", cpu_hlo)
+    assert _dot_operand_types(cpu_hlo) == {"bf16"}
+    # The plain einsum's dots take operands converted to fp32 (XLA:CPU's slow bf16 path).
+    plain = jax.jit(jax.grad(_loss(_einsum_transposed), (0, 1))).lower(xb, wb).compile()
+    assert "f32" in _dot_operand_types(plain.as_text())
+    for platform in ("tpu", "cuda"):
+        text = grad.trace(xb, wb).lower(lowering_platforms=(platform,)).as_text()
+        assert "stablehlo.while" not in text, platform
+
+
+def test_tied_projection_bad_operands_are_clear_errors():
+    with pytest.raises(ValueError, match=r"takes \[\.\.\., K\] @ \[N, K\]\^T"):
+        matmul_transposed(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    with pytest.raises(ValueError, match="must share a dtype"):
+        matmul_transposed(jnp.ones((2, 3)), jnp.ones((4, 3), jnp.bfloat16))

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mlperf.layers.linear import DEFAULT_INIT, logical_param
+from mlperf.layers.matmul import matmul_transposed
 
 
 class Embed(nnx.Module):
@@ -43,9 +44,7 @@ class Embed(nnx.Module):
 
     def attend(self, x: jax.Array) -> jax.Array:
         """Logits against the table (tied output projection): x @ table.T."""
-        return jnp.einsum(
-            "...d,vd->...v", x.astype(self.dtype), self.embedding[...].astype(self.dtype)
-        )
+        return matmul_transposed(x.astype(self.dtype), self.embedding[...].astype(self.dtype))
 
 
 def gather_positions(
