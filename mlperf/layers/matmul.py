@@ -101,23 +101,29 @@ def _check(x: jax.Array, w: jax.Array) -> None:
 def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """`x @ w` for `[M, K] @ [K, N]` operands of one dtype, in that dtype."""
     _check(x, w)
-    return checkpoint_name(_matmul(x, w), MATMUL_OUTPUT)
+    return checkpoint_name(_matmul(x, w, False), MATMUL_OUTPUT)
 
 
-@jax.custom_vjp
-def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    return _dot(x, w, _CONTRACT_LAST_FIRST)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(x: jax.Array, w: jax.Array, w_transposed: bool) -> jax.Array:
+    """`x @ w` for `w: [K, N]`, or `x @ w.T` for `w: [N, K]` when `w_transposed`."""
+    return _dot(x, w, _CONTRACT_LAST_LAST if w_transposed else _CONTRACT_LAST_FIRST)
 
 
-def _matmul_fwd(x: jax.Array, w: jax.Array):
-    return _matmul(x, w), (x, w)
+def _matmul_fwd(x: jax.Array, w: jax.Array, w_transposed: bool):
+    return _matmul(x, w, w_transposed), (x, w)
 
 
-def _matmul_bwd(residuals, g: jax.Array):
+def _matmul_bwd(w_transposed: bool, residuals, g: jax.Array):
     x, w = residuals
     g = g.astype(x.dtype)
-    dx = _dot(g, w, _CONTRACT_LAST_LAST)
-    return dx, _a_transposed_times_b(x, g).astype(w.dtype)
+    if w_transposed:  # y = x @ w.T: dx = g @ w, dw = g^T @ x
+        dx = _dot(g, w, _CONTRACT_LAST_FIRST)
+        dw = _a_transposed_times_b(g, x)
+    else:  # y = x @ w: dx = g @ w.T, dw = x^T @ g
+        dx = _dot(g, w, _CONTRACT_LAST_LAST)
+        dw = _a_transposed_times_b(x, g)
+    return dx, dw.astype(w.dtype)
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
@@ -143,26 +149,6 @@ def _einsum_transposed(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _cpu_matmul_transposed(x: jax.Array, w: jax.Array) -> jax.Array:
-    out = checkpoint_name(_matmul_t(x.reshape(-1, x.shape[-1]), w), MATMUL_OUTPUT)
+    # Inside this CPU branch the matmul's own platform switches resolve to CPU as well.
+    out = checkpoint_name(_matmul(x.reshape(-1, x.shape[-1]), w, True), MATMUL_OUTPUT)
     return out.reshape(*x.shape[:-1], w.shape[0])
-
-
-@jax.custom_vjp
-def _matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
-    return _dot_fp32_result(x, w, _CONTRACT_LAST_LAST)
-
-
-def _matmul_t_fwd(x: jax.Array, w: jax.Array):
-    return _matmul_t(x, w), (x, w)
-
-
-def _matmul_t_bwd(residuals, g: jax.Array):
-    x, w = residuals
-    g = g.astype(x.dtype)
-    dx = _dot_fp32_result(g, w, _CONTRACT_LAST_FIRST)
-    # dw = g^T @ x: g^T materialised so that the dot's left operand is row-major.
-    dw = _dot_fp32_result(_transpose_in_loop(g), x, _CONTRACT_LAST_FIRST)
-    return dx, dw.astype(w.dtype)
-
-
-_matmul_t.defvjp(_matmul_t_fwd, _matmul_t_bwd)
