@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, cpu_env
 
 
@@ -21,7 +22,8 @@ def test_bench_reports_step_and_input_rates_and_whether_input_keeps_up():
     assert r["examples_per_s"] > 0 and r["input_examples_per_s"] > 0
     assert 0 < r["mfu"] == r["model_flops_per_s"] / r["peak_flops_per_s"]
     assert r["peak_source"] == "measured fp32 matmul (cpu host)"
-    assert r["step_ms"] == 1000.0 / r["steps_per_s"] and r["synthetic"] is False
+    assert r["step_ms"] == pytest.approx(1000.0 / r["steps_per_s"], rel=1e-12)
+    assert r["synthetic"] is False
     assert r["input_to_step_ratio"] == r["input_examples_per_s"] / r["examples_per_s"]
     # The verdict the command exits on (without --json: exit code 1 when it is False).
     assert r["input_keeps_up"] == (r["input_to_step_ratio"] >= 3.0)
