@@ -326,14 +326,14 @@ def test_without_a_compiler_estimate_the_step_is_bracketed_by_the_overlap_bounds
 def test_the_compilers_estimate_is_never_below_the_overlapped_bound(topology, ici):
     """Where libtpu's estimate is usable, it is at or above the roofline with every ICI
     collective hidden behind compute: that figure is a floor for v4, v5e and v6e, where
-    the estimate is not usable. BERT-large, two unrolled layers (no loop the estimate
+    the estimate is not usable. BERT-large, one unrolled layer (no loop the estimate
     sees once). The no-overlap figure is no ceiling: on this small program, compute and
     HBM time are close and the compiler's per-kernel sum exceeds it."""
     from parallel import costmodel
     from parallel.topology import get_topology
 
     config = get_config("mlperf_v07")
-    config.model.update(num_layers=2, scan_layers=False)
+    config.model.update(num_layers=1, scan_layers=False)
     config.train.global_batch_size = 16
     config.mesh.ici_shape = ici
     train = inspect_config(config, topology=topology, layer_estimate=False)["train"]
