@@ -1,13 +1,20 @@
-"""Inverted dropout whose keep masks cost a quarter of a threefry block per element.
+"""Inverted dropout whose keep masks cost a quarter of a threefry block per element on CPU.
 
 `jax.random.bernoulli` draws a 32-bit uniform per element, and JAX's partitionable
 threefry spends a whole 2x32 block (20 rounds) on each 32-bit word. A keep decision needs
-far fewer bits: 16 bits resolve a rate to 1/65536. So one block here yields four 16-bit
-words, four elements' decisions: a quarter of the random-bit work, the largest
+far fewer bits: 16 bits resolve a rate to 1/65536. On CPU one block here yields four
+16-bit words, four elements' decisions: a quarter of the random-bit work, the largest
 elementwise cost of a CPU train step with dropout (docs/performance.md, "Dropout's
 random bits"). The counters keep the tensor's leading axes and pack along the last, so a
 mask sharded like its activation is generated where it is used, as with
 `jax.random.bits`.
+
+Every other lowering (TPU, GPU) takes one 32-bit word per element and keeps its high 16
+bits (`lax.platform_dependent`): the TPU compiler fuses that draw into the kernels that
+use the mask, where the four-word packing puts each quarter in its own fusion and
+concatenates them, which raised BERT-large's v3 step estimate by 18%
+(docs/performance.md). The masks of the two forms are different draws with the same
+rate; within one program every dropout of a key gets the same mask.
 
 The rate is rounded to a multiple of 1/65536 (0.1 drops 6554/65536 = 0.100006 of the
 elements); `keep_scale` scales by the rounded keep probability, so the expectation of the
@@ -16,6 +23,7 @@ output equals the input exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -40,6 +48,21 @@ def keep_scale(rate: float) -> float:
 
 
 def _words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform 16-bit words (as uint32) of `shape`: four per threefry block on CPU, one
+    per 32-bit word on every other platform."""
+    return lax.platform_dependent(
+        rng,
+        cpu=functools.partial(_packed_words16, shape=shape),
+        default=functools.partial(_element_words16, shape=shape),
+    )
+
+
+def _element_words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """The high 16 bits of one 32-bit word per element."""
+    return jax.random.bits(rng, shape, jnp.uint32) >> 16
+
+
+def _packed_words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """Uniform 16-bit words (as uint32) of `shape`, four per threefry block."""
     *lead, last = shape if shape else (1,)
     blocks = -(-last // 4)
@@ -63,7 +86,21 @@ def _words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     packed = jnp.concatenate(halves, axis=-1)
     if packed.shape[-1] != last:
         packed = packed[..., :last]
-    return packed.reshape(shape)
+    return _varying_like(packed.reshape(shape), rng)
+
+
+def _varying_like(x: jax.Array, rng: jax.Array) -> jax.Array:
+    """`x` typed as varying over the manual mesh axes `rng` varies over. Inside a
+    shard_map, threefry2x32_p's result carries no such type although it depends on the
+    key; the platform switch needs both branches typed alike."""
+    missing = tuple(sorted(_varying_axes(rng) - _varying_axes(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+def _varying_axes(x: jax.Array) -> frozenset[str]:
+    aval = jax.typeof(x)
+    varying = getattr(getattr(aval, "mat", None), "varying", None)
+    return frozenset(getattr(aval, "vma", ()) if varying is None else varying)
 
 
 def dropout_keep_mask(
