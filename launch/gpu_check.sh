@@ -52,8 +52,11 @@ r['name']=sys.argv[2]; print(json.dumps(r))" "$WORK/$name/result.json" "$name" >
 bench --config configs/bert.py:mlperf_v07 --config.train.global_batch_size=32
 train bert_tiny --config configs/bert.py:tiny
 # Transformer-big's full step did not finish on an H200 (docs/gpu.md): a 2-layer, batch-8
-# step first, the full one last.
-bench --config configs/transformer.py:mlperf_v07 --config.train.global_batch_size=8 \
+# step first, the full one last. The 2-layer run's programs, as JAX hands them over and
+# as XLA optimised them for the GPU, go to $OUT/xla_transformer for reading offline,
+# whether or not its step finishes.
+XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$OUT/xla_transformer --xla_dump_hlo_as_text" \
+    bench --config configs/transformer.py:mlperf_v07 --config.train.global_batch_size=8 \
     --config.model.num_layers=2
 train bert_tiny_bf16 --config configs/bert.py:tiny --config.precision.compute_dtype=bfloat16
 bench --config configs/bert.py:mlperf_v07 --config.train.global_batch_size=32 \

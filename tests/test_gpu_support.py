@@ -3,6 +3,7 @@ MFU denominator for GPU device kinds, and the one-GPU check script."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tomllib
 from types import SimpleNamespace
@@ -42,4 +43,7 @@ def test_the_gpu_check_script_parses_and_gives_one_gpu_meshes():
     with open(script) as f:
         text = f.read()
     assert "--mesh data=1,model=1" in text and "--config.mesh.ici_shape='(1,1)'" in text
-    assert text.count("\nbench ") == 5 and text.count("\ntrain ") == 3
+    assert len(re.findall(r"^\s*bench --config", text, re.M)) == 5
+    assert text.count("\ntrain ") == 3
+    # The 2-layer Transformer-big run leaves its GPU programs in $OUT, finished or not.
+    assert "--xla_dump_to=$OUT/xla_transformer --xla_dump_hlo_as_text" in text
