@@ -84,13 +84,19 @@ def _chunks(num_chunks: int | None, n: int, P: int, itemsize: int, op: str) -> i
     return k
 
 
-def _to_varying(x: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+def varying_axes(x: jax.Array) -> frozenset[str]:
+    """The manual mesh axes `x` is typed as varying over inside a shard_map (none outside)."""
+    aval = jax.typeof(x)
+    varying = getattr(getattr(aval, "mat", None), "varying", None)
+    if varying is None:  # another jax version's typing
+        varying = getattr(aval, "vma", ())
+    return frozenset(varying)
+
+
+def to_varying(x: jax.Array, axes: Sequence[str]) -> jax.Array:
     """Marks `x` as varying over `axes` (ppermute's operand must be), where it is not."""
-    mat = getattr(jax.typeof(x), "mat", None)
-    varying = getattr(mat, "varying", None)
-    if varying is None:  # another jax version's typing: try and let pcast decide
-        varying = getattr(jax.typeof(x), "vma", frozenset())
-    missing = tuple(a for a in axes if a not in varying)
+    have = varying_axes(x)
+    missing = tuple(a for a in axes if a not in have)
     return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
@@ -113,7 +119,7 @@ def _prepare(
             f"bidirectional_exchange needs a power-of-two axis size; axis {axis_name!r} has "
             f"P={P} devices (use 'ring', 'tree' or 'linear_pipeline')"
         )
-    return _to_varying(x.reshape(-1), _axes(axis_name)), n, P, k
+    return to_varying(x.reshape(-1), _axes(axis_name)), n, P, k
 
 
 def _finish(flat: jax.Array, n: int, like: jax.Array) -> jax.Array:

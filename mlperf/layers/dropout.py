@@ -32,6 +32,8 @@ import numpy as np
 from jax import lax
 from jax.extend.random import threefry2x32_p
 
+from parallel.collectives import to_varying, varying_axes
+
 _LEVELS = 1 << 16  # a keep decision compares one 16-bit word against the rate
 
 
@@ -86,21 +88,9 @@ def _packed_words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     packed = jnp.concatenate(halves, axis=-1)
     if packed.shape[-1] != last:
         packed = packed[..., :last]
-    return _varying_like(packed.reshape(shape), rng)
-
-
-def _varying_like(x: jax.Array, rng: jax.Array) -> jax.Array:
-    """`x` typed as varying over the manual mesh axes `rng` varies over. Inside a
-    shard_map, threefry2x32_p's result carries no such type although it depends on the
-    key; the platform switch needs both branches typed alike."""
-    missing = tuple(sorted(_varying_axes(rng) - _varying_axes(x)))
-    return lax.pcast(x, missing, to="varying") if missing else x
-
-
-def _varying_axes(x: jax.Array) -> frozenset[str]:
-    aval = jax.typeof(x)
-    varying = getattr(getattr(aval, "mat", None), "varying", None)
-    return frozenset(getattr(aval, "vma", ()) if varying is None else varying)
+    # Inside a shard_map threefry2x32_p's result carries no manual-axis type although it
+    # depends on the key; the platform switch needs both branches typed alike.
+    return to_varying(packed.reshape(shape), sorted(varying_axes(rng)))
 
 
 def dropout_keep_mask(

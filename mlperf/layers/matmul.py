@@ -16,7 +16,8 @@ XLA folds a plain transpose back into the dot (and expands optimisation barriers
 it decides), so the transpose is the body of a one-trip loop whose trip count XLA cannot
 see. `lax.platform_dependent` applies this on CPU only, per lowering platform: an AOT
 compile for TPU on a CPU host gets the plain dots, which the TPU compiler accumulates in
-fp32 already.
+fp32 already (an fp32 result there is an extra [M, N] write and convert: 7.6% on a
+BERT-large step compiled for v3, docs/performance.md).
 
 A remat policy cannot see into custom_vjp functions: the output is named
 `MATMUL_OUTPUT` (`jax.ad_checkpoint.checkpoint_name`) so that the models' dot policies
@@ -42,24 +43,11 @@ _CONTRACT_FIRST_FIRST = (((0,), (0,)), ((), ()))  # [M, K]^T @ [M, N]
 
 
 def _dot(a: jax.Array, b: jax.Array, dims) -> jax.Array:
-    """One dot of same-dtype operands, its result in their dtype: on CPU a bf16 dot asks
-    for the fp32 result (XLA:CPU's fast path) and rounds it once."""
+    """One dot of same-dtype operands, its result in their dtype: a bf16 dot asks for the
+    fp32 result (XLA:CPU's fast path) and rounds it once."""
     if a.dtype == jnp.float32:
         return lax.dot_general(a, b, dims)
-    return lax.platform_dependent(
-        a, b, cpu=functools.partial(_dot_fp32_result, dims=dims), default=_plain_dot(dims)
-    )
-
-
-def _dot_fp32_result(a: jax.Array, b: jax.Array, dims) -> jax.Array:
     return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(a.dtype)
-
-
-def _plain_dot(dims):
-    # The TPU and GPU compilers accumulate a bf16 dot in fp32 already; an fp32 result
-    # would be an extra [M, N] fp32 write and convert (7.6% on a BERT-large step
-    # compiled for v3, docs/performance.md).
-    return functools.partial(lax.dot_general, dimension_numbers=dims)
 
 
 def _transpose_in_loop(x: jax.Array) -> jax.Array:
@@ -79,16 +67,12 @@ def _transpose_in_loop(x: jax.Array) -> jax.Array:
 
 
 def _a_transposed_times_b(a: jax.Array, b: jax.Array) -> jax.Array:
-    """`a^T @ b` for `a: [M, P]`, `b: [M, Q]`, the weight gradient's contraction. On CPU
-    a bf16 `a^T` is materialised first (see the module docstring); XLA:CPU's own fp32
-    dot takes the transposed operand as fast as YNNPACK does."""
+    """`a^T @ b` for `a: [M, P]`, `b: [M, Q]`, the weight gradient's contraction. A bf16
+    `a^T` is materialised first (see the module docstring); XLA:CPU's own fp32 dot takes
+    the transposed operand as fast as YNNPACK does."""
     if a.dtype == jnp.float32:
         return lax.dot_general(a, b, _CONTRACT_FIRST_FIRST)
-
-    def on_cpu(a, b):
-        return _dot_fp32_result(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST)
-
-    return lax.platform_dependent(a, b, cpu=on_cpu, default=_plain_dot(_CONTRACT_FIRST_FIRST))
+    return _dot(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST)
 
 
 def _check(x: jax.Array, w: jax.Array) -> None:
@@ -114,7 +98,6 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _cpu_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    # Inside this CPU branch the dots' own platform switches resolve to CPU as well.
     return _matmul(x, w, False)
 
 
@@ -162,6 +145,5 @@ def _einsum_transposed(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def _cpu_matmul_transposed(x: jax.Array, w: jax.Array) -> jax.Array:
-    # Inside this CPU branch the matmul's own platform switches resolve to CPU as well.
     out = checkpoint_name(_matmul(x.reshape(-1, x.shape[-1]), w, True), MATMUL_OUTPUT)
     return out.reshape(*x.shape[:-1], w.shape[0])
