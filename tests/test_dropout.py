@@ -122,7 +122,7 @@ def test_inside_shard_map_both_forms_vary_with_the_key():
             mesh=mesh,
             in_specs=(PartitionSpec("data"), PartitionSpec("data")),
             out_specs=PartitionSpec("data"),
-        )  # fmt: skip
+        )
     )
     keys, x = jax.random.split(jax.random.key(10), 2), jnp.ones((8, 256))
     for platform in ("cpu", "tpu"):
