@@ -145,6 +145,15 @@ def _step_report(
     return report
 
 
+def layer_loop(model) -> bool:
+    """Whether a model config runs its layers as a loop the compiler's estimate sees once:
+    a scanned stack (`scan_layers`) deeper than 2 whose `scan_unroll` leaves iterations
+    (0 or >= num_layers unrolls the whole stack into straight-line code)."""
+    if not model.get("scan_layers", False) or model.num_layers <= 2:
+        return False
+    return 0 < int(model.get("scan_unroll", 1)) < model.num_layers
+
+
 def _layer_estimate(
     config, devices, train: dict[str, Any], peak_flops: float | None = None
 ) -> None:
@@ -228,7 +237,8 @@ def _scan_layer_estimate(config, devices, train: dict[str, Any]) -> None:
     Unlike the unrolled extrapolation (`_layer_estimate`), what lies outside the loop is
     the program's own: the optimizer and the gradient collectives of the stacked
     [L, ...] variables, done once for all layers, not once per layer and per variable.
-    Needs an even depth (an odd one falls back to the unrolled extrapolation).
+    Needs an even depth and one layer per iteration in the config (otherwise it falls
+    back to the unrolled extrapolation).
     """
     from mlperf.trainer import build_trainer
     from parallel.aot import cost_analysis
@@ -339,9 +349,8 @@ def inspect_config(
     train = _step_report(*compiled_train, peak_flops=peak, slice_of=slice_of, hbm_bandwidth=hbm_bw)
     if profile and compiled_train[1] is not None:
         train["profile"] = profile_step(compiled_train[1].as_text(), topo, profile)
-    scanned = bool(config.model.get("scan_layers", False)) and config.model.num_layers > 2
-    if layer_estimate and scanned and "flops_per_device" in train:
-        if layer_estimate != "scan":
+    if layer_estimate and layer_loop(config.model) and "flops_per_device" in train:
+        if layer_estimate != "scan" or config.model.get("scan_unroll", 1) != 1:
             _layer_estimate(config, devices, train, peak)
         elif "compiler_step_s" in train:
             _scan_layer_estimate(config, devices, train)

@@ -80,6 +80,12 @@ def validate(config, num_devices: int) -> dict[str, int]:
     policy = config.model.get("remat_policy", "nothing")
     if policy not in ("nothing", "dots", "dots_no_batch"):
         raise ConfigError(f"model.remat_policy={policy!r}: use nothing, dots or dots_no_batch.")
+    unroll = config.model.get("scan_unroll", 1)
+    if not isinstance(unroll, int) or unroll < 0:
+        raise ConfigError(
+            f"model.scan_unroll={unroll!r}: layers per scan iteration, an int >= 1 "
+            "(0 unrolls the whole stack)."
+        )
     chunks = config.model.get("eval_head_chunks", 1)
     if chunks < 1 or t.eval_batch_size % chunks:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""The issue's headline AOT check: BERT-large (mlperf_v07: 24 scanned layers, GBS 8192,
+"""The issue's headline AOT check: BERT-large (mlperf_v07: 24 stacked layers, GBS 8192,
 seq 512, LAMB, weight-update sharding) compiled by the real TPU compiler (libtpu) for
 the 4096-chip TPU-v3 multipod, v3:64x64 = 8192 cores, at the config's data=2048 x
 model=4 mesh, on this CPU machine. Nothing is allocated."""
@@ -19,26 +19,33 @@ GiB = 1 << 30
 def test_bert_large_compiles_for_the_4096_chip_multipod_and_fits():
     config = get_config("mlperf_v07")
     assert config.model.scan_layers and config.parallel.weight_update_sharding
-    report = inspect_config(config, topology="v3:64x64", layer_estimate=False)
+    # The stack's scan unrolled whole, nothing recomputed (docs/performance.md).
+    assert config.model.scan_unroll == 0 and not config.model.remat
+    report = inspect_config(config, topology="v3:64x64")
     assert report["devices"] == 8192 and report["mesh"] == {"data": 2048, "model": 4}
     train = report["train"]
     assert "error" not in train, train.get("error")
+    # No loop: the compiler's estimate is the whole step's, not an extrapolation.
+    assert "layer_step_s" not in train and train["estimated_step_s"] == train["compiler_step_s"]
+    # Measured 43.85 ms (libtpu 0.0.42.1): under the 48.1 ms per step of Google's v0.7
+    # logs (the device's pace, docs/performance.md "TPU step time").
+    assert 0.030 < train["estimated_step_s"] < 0.0481
     per_device = report["bytes_per_device"]
-    # Measured 2.7 GB per core of the 16 GiB HBM: params 345 MB (a quarter: model=4),
-    # optimizer state 1.9 MB (WUS over data=2048), temporaries 2.3 GB.
-    assert report["fits"] and per_device["total"] < 16 * GiB
+    # Measured 1.84 GB per core of the 16 GiB HBM: params 345 MB (a quarter: model=4),
+    # optimizer state 1.9 MB (WUS over data=2048), temporaries 1.15 GB.
+    assert report["fits"] and per_device["total"] < 4 * GiB
     assert per_device["params"] < report["bytes_total"]["params"] / 3.5
     # WUS: the optimizer state is sharded over data too (replicated: 689 MB per core).
     assert per_device["opt_state"] < report["bytes_total"]["opt_state"] / 4 / 300
     assert train["gather_scatter"] == 0  # einsum embeddings and masked positions
-    # FLOPs count all 24 layers (the scan body times its trip count; XLA's own count
-    # sees the body once) and agree with the analytic count of the same step: 8192
+    # FLOPs count all 24 layers and agree with the analytic count of the same step: 8192
     # examples on 8192 cores, so one example's FLOPs per core.
     task = get_task(config)
     analytic = task.flops_per_example(task.phases()[0])
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
-    # XLA's own count sees the scan body once: measured 1.24e11 against 1.12e12.
-    assert train["flops_cost_analysis"] < train["flops_per_device"] / 5
+    # XLA's own count sees every layer too (a loop's body it would count once): measured
+    # 1.167e12 against 1.141e12.
+    assert 0.95 < train["flops_cost_analysis"] / train["flops_per_device"] < 1.05
 
 
 @pytest.mark.slow  # ~1 min: four small TPU compiles of a tiny BERT on v3:2x2
@@ -47,15 +54,19 @@ def test_a_scanned_stack_is_estimated_like_the_unrolled_program():
     extrapolates unrolled 1- and 2-layer compiles to the depth, which must agree with the
     unrolled program's own estimate (measured: per-layer estimates are linear)."""
     reports = {}
-    for scan in (True, False):
+    for scan, unroll in ((True, 1), (False, 1), (True, 0)):
         config = get_config("tiny")
-        config.model.update(num_layers=6, scan_layers=scan)
+        config.model.update(num_layers=6, scan_layers=scan, scan_unroll=unroll)
         config.mesh.ici_shape = (2, 4)
-        reports[scan] = inspect_config(config, topology="v3:2x2")["train"]
-    scanned, unrolled = reports[True], reports[False]
+        reports[scan, unroll] = inspect_config(config, topology="v3:2x2")["train"]
+    scanned, unrolled, whole = reports[True, 1], reports[False, 1], reports[True, 0]
     assert "layer_step_s" in scanned and "layer_step_s" not in unrolled
     assert scanned["compiler_step_s"] < 0.6 * unrolled["estimated_step_s"]  # one layer seen
     assert scanned["estimated_step_s"] == pytest.approx(unrolled["estimated_step_s"], rel=0.05)
+    # The stack unrolled whole (scan_unroll=0) has no loop: compiled as it is, no
+    # extrapolation, and it costs what the unrolled program does.
+    assert "layer_step_s" not in whole
+    assert whole["estimated_step_s"] == pytest.approx(unrolled["estimated_step_s"], rel=0.05)
 
 
 @pytest.mark.slow  # minutes, ~4 GB resident: the train step for 4096 v4 chips
@@ -162,7 +173,9 @@ def test_cpu_only_forms_leave_the_tpu_program_alone(monkeypatch):
 
     def step_figures():
         config = get_config("mlperf_v07")
-        config.model.scan_unroll = 2  # two layers in the loop body the estimate sees
+        # Two layers in the loop body the estimate sees, rematerialised: the program in
+        # which both regressions were measured.
+        config.model.update(scan_unroll=2, remat=True, remat_policy="dots_no_batch")
         config.train.global_batch_size = 32
         config.mesh.ici_shape = (8, 4)
         train = inspect_config(config, topology="v3:4x4", layer_estimate=False)["train"]

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from mlperf.bert.hf_export import to_hf_state_dict
 from mlperf.bert.model import BertConfig, BertForPreTraining
 from mlperf.trainer import build_trainer
+from mlperf.validate import ConfigError, validate
 
 LAYERS = 3
 CFG = BertConfig(
@@ -82,15 +83,24 @@ def test_scan_equals_the_loop_given_the_same_parameters(loop_and_scan, train):
 
 
 @pytest.mark.parametrize(
-    "remat,policy",
-    [(False, "nothing"), (True, "nothing"), (True, "dots_no_batch"), (True, "dots")],
-    ids=["plain", "remat", "remat-dots_no_batch", "remat-dots"],
+    "remat,policy,unroll",
+    [
+        (False, "nothing", 1),
+        (True, "nothing", 1),
+        (True, "dots_no_batch", 1),
+        (True, "dots", 1),
+        (False, "nothing", 0),
+    ],
+    ids=["plain", "remat", "remat-dots_no_batch", "remat-dots", "whole-stack-unrolled"],
 )
-def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat, policy):
+def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat, policy, unroll):
     """Every remat policy recomputes what it does not keep (dropout masks included, from
-    the same keys): the gradients are the unrematerialised loop's."""
+    the same keys): the gradients are the unrematerialised loop's. So does the stack
+    unrolled whole (`scan_unroll=0`, mlperf_v07's form)."""
     loop, scan = loop_and_scan
-    cfg = dataclasses.replace(CFG, scan_layers=True, remat=remat, remat_policy=policy)
+    cfg = dataclasses.replace(
+        CFG, scan_layers=True, remat=remat, remat_policy=policy, scan_unroll=unroll
+    )
     scan = _with_params(BertForPreTraining(cfg, rngs=nnx.Rngs(2)), _params(scan))
 
     def loss(model):
@@ -136,6 +146,25 @@ def test_scanned_program_does_not_grow_with_depth():
     per_layer_loop = (ops[(False, 4)] - ops[(False, 2)]) / 2
     assert per_layer_loop > 1000, ops
     assert abs(ops[(True, 4)] - ops[(True, 2)]) < 0.05 * per_layer_loop, ops
+
+
+def test_scan_unroll_zero_unrolls_the_whole_stack_into_straight_line_code():
+    """mlperf_v07's form: stacked parameters, no loop in the step (so no stacked buffers
+    of each layer's residuals); one layer per iteration keeps a loop."""
+    texts = {}
+    for unroll in (1, 0):
+        config = small_bert_config(
+            **{"model.num_layers": 4, "model.scan_layers": True, "model.scan_unroll": unroll}
+        )
+        trainer = build_trainer(config, prepare_data=False)
+        texts[unroll] = trainer.lower_train_step(trainer.phases[0]).as_text()
+    assert "stablehlo.while" in texts[1]
+    assert "stablehlo.while" not in texts[0]
+
+
+def test_a_negative_scan_unroll_is_refused_before_anything_is_built():
+    with pytest.raises(ConfigError, match=r"model.scan_unroll=-1: .*0 unrolls the whole stack"):
+        validate(small_bert_config(**{"model.scan_unroll": -1}), 8)
 
 
 def test_weight_update_sharding_never_shards_the_stack_axis():

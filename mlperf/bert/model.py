@@ -68,7 +68,8 @@ class BertConfig:
     # compiles for 8192 TPU cores like a 1-layer one). Parameter paths become
     # `layers/<name>` with a leading [num_layers] dim instead of `layers/<i>/<name>`.
     scan_layers: bool = False
-    # Layers per scan iteration (lax.scan's unroll). inspect compiles 1 and 2 to read one
+    # Layers per scan iteration (lax.scan's unroll); 0 or >= num_layers unrolls the whole
+    # stack (no loop; the parameters stay stacked). inspect compiles 1 and 2 to read one
     # layer's cost off the TPU compiler's estimate, which sees a loop body once.
     scan_unroll: int = 1
     # Recompute each layer's activations in the backward pass (jax.checkpoint): memory
