@@ -103,13 +103,13 @@ def test_bert_large_compiles_for_a_4096_chip_v4_pod_in_megacore_mode():
     assert 0.9 < train["matmul_flops_per_device"] / analytic < 1.1, (train, analytic)
 
 
-@pytest.mark.slow  # ~2 min (108 s alone), the train step for 512 chips in two slices
+@pytest.mark.slow  # ~1.3 min (74 s alone), the train step for 512 chips in two slices
 def test_bert_large_compiles_for_two_v6e_slices_joined_over_dcn():
     """A current generation's multi-slice program at full size: two v6e:16x16 slices
     (512 chips), `data` spanning the slices over DCN and model=4 inside each; fits the
     32 GiB per chip, and the collectives that cross slices are the gradient reduction's.
     The layer stack looped and rematerialised, the form for 64 sequences per chip when
-    the default's does not fit: it compiles in a third of the default's time (288 s alone;
+    the default's does not fit: it compiles in a quarter of the default's time (288 s alone;
     the default's row is in docs/tpu-table.md)."""
     config = get_config("mlperf_v07")
     config.model.update(scan_unroll=1, remat=True, remat_policy="dots_no_batch")
