@@ -18,7 +18,8 @@ GiB = 1 << 30
 @pytest.fixture(autouse=True)
 def _release_traces():
     """Each test's full-size programs are traced once; dropping JAX's caches after it keeps
-    the worker that runs this module from holding every one (16 GB resident otherwise)."""
+    a process that runs several of this module's tests (`make test-slow`'s xdist worker;
+    `make test-system` gives each its own process) from holding every one."""
     yield
     import gc
 
