@@ -36,6 +36,12 @@ def get_config(arg: str):
         num_heads=hidden // HEAD_DIM,
         mlp_dim=4 * hidden,
         scan_layers=True,
+        # A loop of one layer per iteration, rematerialised: `mlperf_v07` unrolls its 24
+        # layers whole (scan_unroll=0), which at 48-80 layers of these widths multiplies
+        # the compile's time and host memory (the 100b v5p:16x16x16 compile: 16.1 GB
+        # resident unrolled). The planner's estimate of a loop extrapolates 1- and
+        # 2-layer compiles (docs/aot-and-planning.md).
+        scan_unroll=1,
         remat=True,
         remat_policy="dots_no_batch",
     )

@@ -46,6 +46,21 @@ def test_points_parse_and_bad_points_name_the_form():
     assert {64, 128, 256} <= one_t  # 256 heads: tensor parallelism up to 256
 
 
+@pytest.mark.parametrize("size", ["10b", "100b", "1t"])
+def test_scaled_berts_keep_their_layers_in_a_rematerialised_loop(size):
+    """`mlperf_v07` unrolls its 24 layers whole; the scaled configs built from it must not
+    (48-80 layers unrolled: a 100b compile twice as long, at 16 GB of host memory). A
+    loop's step time is the planner's 1- and 2-layer extrapolation."""
+    from configs.bert import get_config as bert_config
+    from configs.bert_scale import get_config
+    from mlperf.inspection import _layer_loop
+
+    assert bert_config("mlperf_v07").model.scan_unroll == 0
+    model = get_config(size).model
+    assert model.scan_layers and model.scan_unroll == 1 and model.remat
+    assert _layer_loop(model)
+
+
 def test_memory_expansion_finds_the_split_a_larger_hbm_makes_best():
     """A split that needs 1.5x the HBM and steps 1.3x faster is the best only once the
     memory grows to 1.6x; the gain is the real HBM's best step over it."""
