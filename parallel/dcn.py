@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from parallel.aot import _INSTR, _SHAPE, COLLECTIVES, _shape_bytes, repeated_link, wire_bytes
+from parallel.hlo_text import COLLECTIVES, INSTR, SHAPE, repeated_link, shape_bytes, wire_bytes
 
 
 def _iota(dims_text: str, reshape_text: str, transpose_text: str | None) -> np.ndarray:
@@ -103,7 +103,7 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
     DCN (megascale host transfers, else replica groups spanning slices).
 
     `slice_of[i]` is the slice of partition i (the mesh's flattened device order). A
-    collective split into a chain of fusions counts once (`parallel.aot.collective_chain`).
+    collective split into a chain of fusions counts once (`parallel.hlo_text.collective_chain`).
     """
     chains_seen: set[tuple[str, str]] = set()
     counts: Counter[str] = Counter()
@@ -112,7 +112,7 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
     n = len(slice_of)
     slices = len(set(slice_of))
     for line in hlo_text.splitlines():
-        m = _INSTR.match(line)
+        m = INSTR.match(line)
         if not m or m.group("op").endswith("-done"):
             continue
         op = m.group("op").removesuffix("-start")
@@ -121,8 +121,8 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
             if kind is None:
                 continue
             name = _MEGASCALE.get(kind.group(1), kind.group(1).lower())
-            shapes = _SHAPE.findall(m.group("type"))
-            sent = _shape_bytes("{}[{}]".format(*shapes[0])) if shapes else 0
+            shapes = SHAPE.findall(m.group("type"))
+            sent = shape_bytes("{}[{}]".format(*shapes[0])) if shapes else 0
             counts[name] += 1
             nbytes[name] += sent
             wire[name] += megascale_wire_bytes(name, sent, slices)
@@ -141,9 +141,9 @@ def dcn_collectives(hlo_text: str, slice_of: Sequence[int]) -> dict[str, Any]:
         per_slice = max(len(groups[spans.index(crossing)]) // crossing, 1)
         type_text = m.group("type")
         if m.group("op").endswith("-start") and type_text.startswith("("):
-            shapes = _SHAPE.findall(type_text)
+            shapes = SHAPE.findall(type_text)
             type_text = "{}[{}]".format(*shapes[1]) if len(shapes) > 1 else type_text
-        result = _shape_bytes(type_text)
+        result = shape_bytes(type_text)
         counts[op] += 1
         nbytes[op] += result
         wire[op] += wire_bytes(op, result, crossing) / per_slice

@@ -10,8 +10,8 @@ computation and of every while body (counted times its trip count) becomes one r
   backend_config; libtpu writes it for fusions, copies and other kernels, not for
   collectives), converted to seconds with the chip's clock;
 - `flops` (dots and convolutions exactly, elementwise ops one per element, as
-  `parallel.aot.hlo_flops`) and `bytes` (operands read plus result written);
-- collectives get the ring model's time instead: wire bytes (`parallel.aot.wire_bytes`)
+  `parallel.hlo_counts.hlo_flops`) and `bytes` (operands read plus result written);
+- collectives get the ring model's time instead: wire bytes (`parallel.hlo_text.wire_bytes`)
   over the links' bandwidth, since the compiler writes no cycle count for them;
 - `kind`: matmul (a fusion holding a dot or convolution), collective, copy/transpose,
   elementwise (other fusions and ops), rng (random bits alone), control (while, call);
@@ -30,14 +30,13 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from parallel.aot import (
+from parallel.hlo_counts import instr_flops, trip_count
+from parallel.hlo_text import (
     COLLECTIVES,
-    _attr,
-    _instr_flops,
-    _parse_computations,
-    _shape_bytes,
-    _trip_count,
+    attr,
+    parse_computations,
     replica_group_size,
+    shape_bytes,
     wire_bytes,
 )
 
@@ -70,7 +69,7 @@ def _called_ops(name: str, comps: dict[str, list[dict]], seen: set[str] | None =
         ops.add(instr["op"])
         if _RANDOM.search(instr["text"]):
             ops.add(_THREEFRY)  # the random-bits arithmetic of jax.random's default keys
-        called = _attr(instr["text"], "calls") or _attr(instr["text"], "to_apply")
+        called = attr(instr["text"], "calls") or attr(instr["text"], "to_apply")
         if called and instr["op"] in ("fusion", "call"):
             ops |= _called_ops(called, comps, seen)
     return ops
@@ -99,11 +98,11 @@ def _flops(name: str, comps: dict[str, list[dict]], memo: dict[str, float]) -> f
         defs = {i["name"]: i for i in instrs}
         total = 0.0
         for instr in instrs:
-            called = _attr(instr["text"], "calls")
+            called = attr(instr["text"], "calls")
             if instr["op"] == "fusion" and called:
                 total += _flops(called, comps, memo)
             else:
-                total += _instr_flops(instr, defs, matmul_only=False)
+                total += instr_flops(instr, defs, matmul_only=False)
         memo[name] = total
     return memo[name]
 
@@ -120,7 +119,7 @@ def op_profile(
     them, the ring model over `link_bandwidth` (bytes/s a device sends) for collectives,
     else the roofline max(flops / peak_flops, bytes / hbm_bandwidth) when both are given.
     """
-    comps, entry = _parse_computations(hlo_text)
+    comps, entry = parse_computations(hlo_text)
     if entry is None:
         return []
     memo: dict[str, float] = {}
@@ -133,23 +132,23 @@ def op_profile(
             if op in _SKIP or op.endswith("-done"):
                 continue
             if op == "while":
-                body = _attr(instr["text"], "body") or ""
-                walk(body, trips * _trip_count(instr, comps, defs), instr["name"])
+                body = attr(instr["text"], "body") or ""
+                walk(body, trips * trip_count(instr, comps, defs), instr["name"])
                 continue
-            called = _attr(instr["text"], "calls") or ""
+            called = attr(instr["text"], "calls") or ""
             inner = _called_ops(called, comps) if called else set()
             flops = _flops(called, comps, memo) if op == "fusion" else 0.0
             if op != "fusion":
-                flops = _instr_flops(instr, defs, matmul_only=False)
+                flops = instr_flops(instr, defs, matmul_only=False)
             operand_bytes = sum(
-                _shape_bytes(defs[o]["type"]) for o in instr["operands"] if o in defs
+                shape_bytes(defs[o]["type"]) for o in instr["operands"] if o in defs
             )
             result = instr["type"]
             if op.endswith("-start") and result.startswith("("):
                 # async start: (operand, result[, context]); the result is the second shape
                 shapes = re.findall(r"\b(?:pred|[sufc]\d+|bf16)\[[\d,]*\]", result)
                 result = shapes[1] if len(shapes) > 1 else result
-            out_bytes = _shape_bytes(result)
+            out_bytes = shape_bytes(result)
             cycles = _CYCLES.search(instr["text"])
             kind = _kind(instr, inner)
             row: dict[str, Any] = {

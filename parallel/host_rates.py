@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from parallel.aot import wire_bytes
+from parallel.hlo_text import wire_bytes
 from parallel.mesh import build_mesh
 
 
@@ -67,7 +67,7 @@ def measure_collective_rate(
 ) -> tuple[float, float, str]:
     """(alpha s per collective, wire bytes/s, how): `psum` over a 1-D mesh of all
     `devices` at `small` and `large` bytes per device; the ring wire bytes of each
-    (`parallel.aot.wire_bytes`, what the step's collectives are counted in) fitted as
+    (`parallel.hlo_text.wire_bytes`, what the step's collectives are counted in) fitted as
     t = alpha + wire / rate through the two points."""
     devices = list(jax.devices() if devices is None else devices)
     P = len(devices)

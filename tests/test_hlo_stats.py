@@ -28,7 +28,7 @@ def test_counts_collectives_once_per_async_pair_with_result_bytes():
 
 
 def test_replica_group_sizes_in_every_printed_form():
-    from parallel.aot import replica_group_size
+    from parallel.hlo_text import replica_group_size
 
     assert replica_group_size("all-reduce(%x), replica_groups={{0,4,8},{1,5,9}}, to") == 3
     assert replica_group_size("all-gather(%x), replica_groups=[8,4]<=[32], dim") == 4
@@ -43,7 +43,7 @@ def test_replica_group_sizes_in_every_printed_form():
 
 
 def test_wire_bytes_follow_the_ring_algorithm():
-    from parallel.aot import wire_bytes
+    from parallel.hlo_text import wire_bytes
 
     assert wire_bytes("all-reduce", 1000, 4) == 1500  # 2 (g-1)/g n
     assert wire_bytes("all-gather", 1000, 4) == 750  # (g-1)/g of the gathered result
@@ -141,7 +141,7 @@ ENTRY %main (a: f32[8,16]) -> f32[8,16] {
 
 
 def test_loop_flops_multiply_the_body_by_the_induction_variable_trip_count():
-    from parallel.aot import hlo_flops
+    from parallel.hlo_counts import hlo_flops
 
     dot = 2 * 8 * 16 * 16
     assert hlo_flops(LOOP_HLO, matmul_only=True) == 4 * dot
@@ -165,7 +165,8 @@ STEPPED_LOOP_HLO = (
 def test_a_loop_stepping_by_two_runs_half_the_bound_and_its_permutes_count_per_trip():
     """The trip count reads the induction variable's step (counting `i < 8` as 8 trips
     doubled a 100B BERT's FLOPs on 4096 chips), and wire bytes count every trip."""
-    from parallel.aot import hlo_flops, hlo_op_stats, hlo_wire_bytes
+    from parallel.aot import hlo_op_stats
+    from parallel.hlo_counts import hlo_flops, hlo_wire_bytes
 
     dot = 2 * 8 * 16 * 16
     assert hlo_flops(STEPPED_LOOP_HLO, matmul_only=True) == 4 * dot
@@ -244,7 +245,7 @@ ENTRY %main (a: bf16[2,8,256,512,7], b: bf16[2,512,7,8,1]) -> bf16[2,512,256,7,7
 
 
 def test_convolution_flops_skip_taps_on_dilation_holes_and_padding():
-    from parallel.aot import hlo_flops
+    from parallel.hlo_counts import hlo_flops
 
     # batch 256 x out features 7 x in features 8 x real (position, tap) pairs: 2 of 4
     # in dim 0, 512 of 512x512 in dim 1, 7 in dim 2.
@@ -292,7 +293,8 @@ CHAIN_LOOP_HLO = "".join(_LINK.format(n=n) for n in range(3)) + LOOP_HLO.replace
 def test_a_collective_split_into_a_chain_of_fusions_counts_once():
     """libtpu's v5e programs split large all-gathers into chains; counting every link
     with the full shape counted BERT-large's activation gathers 2.6x over on v5e."""
-    from parallel.aot import chain_links, hlo_wire_bytes
+    from parallel.hlo_counts import hlo_wire_bytes
+    from parallel.hlo_text import chain_links
 
     assert chain_links(CHAIN_LOOP_HLO) == {("43", "3"): 3}
     stats = hlo_op_stats(CHAIN_LOOP_HLO)

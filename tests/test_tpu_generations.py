@@ -120,7 +120,8 @@ def test_v5e_chained_collectives_count_as_the_same_program_on_v6e():
     """libtpu splits v5e's large all-gathers into chains of fusions; counted once per
     chain, the same program and mesh sends what it sends on v6e (one link each)."""
     from mlperf.trainer import build_trainer
-    from parallel.aot import chain_links, compiled_stats
+    from parallel.aot import compiled_stats
+    from parallel.hlo_text import chain_links
 
     stats, links = {}, {}
     for generation in ("v5e", "v6e"):
