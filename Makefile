@@ -28,9 +28,12 @@ run: $(STAMP)
 	rm -rf $(WORKDIR)/bert_tiny  # a fresh run: a left-over checkpoint there would be resumed
 	$(CPU_ENV) $(PY) -m launch.train --config configs/bert.py:tiny --workdir $(WORKDIR)/bert_tiny
 
-# The suite without the tests marked slow (long end-to-end runs; see test-slow).
+# The suite without the tests marked slow (long end-to-end runs; see test-slow), with one
+# fresh persistent compilation cache for the run (tests/conftest.py), removed afterwards.
 test: $(TEST_STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "not slow" tests
+	@cache=$$(mktemp -d /tmp/multipod-test-xla.XXXXXX); \
+	  MULTIPOD_TEST_CACHE=$$cache $(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup \
+	    --durations=15 -m "not slow" tests; rc=$$?; rm -rf $$cache; exit $$rc
 
 # Multi-client runs and their failures (a missing or dead peer, the preflight gate),
 # checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly; SIGTERM on every

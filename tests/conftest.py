@@ -12,9 +12,16 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
-# The tests' training subprocesses compile afresh (tests/test_compilation_cache.py turns the
-# persistent cache on explicitly); the user's cache is left alone.
-os.environ.setdefault("MULTIPOD_COMPILATION_CACHE", "none")
+# `make test` names one fresh persistent compilation cache for the whole run
+# (MULTIPOD_TEST_CACHE): the many tests that compile the same small programs, in either
+# xdist worker or in a training subprocess, compile each once. Without it the tests'
+# training subprocesses compile afresh (tests/test_compilation_cache.py turns the cache on
+# explicitly). The user's own cache is never touched.
+TEST_CACHE = os.environ.get("MULTIPOD_TEST_CACHE", "")
+if TEST_CACHE:
+    os.environ["MULTIPOD_COMPILATION_CACHE"] = TEST_CACHE
+else:
+    os.environ.setdefault("MULTIPOD_COMPILATION_CACHE", "none")
 
 from launch.cli import relax_cpu_collective_timeouts  # noqa: E402
 
@@ -32,6 +39,10 @@ def pytest_configure(config) -> None:
     import-time call: worker scripts import this module before jax.distributed starts,
     and configure_checkpointing asks jax for the process count."""
     configure_checkpointing()
+    if TEST_CACHE:
+        from mlperf import compilation_cache
+
+        compilation_cache.enable(TEST_CACHE)
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -164,3 +164,17 @@ def test_every_cited_test_exists(page):
         elif func and not any(f.startswith(func) for f in _functions(path)):
             missing.append(f"{file}::{func}")
     assert not missing, f"{_name(page)} cites tests that do not exist: {missing}"
+
+
+def test_make_test_shares_one_fresh_compilation_cache():
+    """docs/development.md: `make test` runs the suite with one persistent compilation
+    cache, made fresh for the run and removed after it."""
+    recipe = _read(os.path.join(ROOT, "Makefile")).split("\ntest:", 1)[1].split("\n\n")[0]
+    assert "mktemp -d" in recipe and "MULTIPOD_TEST_CACHE=$$cache" in recipe
+    assert "rm -rf $$cache" in recipe
+    cache = os.environ.get("MULTIPOD_TEST_CACHE")
+    if cache:  # under `make test`: this process and its subprocesses use it
+        import jax
+
+        assert jax.config.jax_compilation_cache_dir == os.path.abspath(cache)
+        assert os.environ["MULTIPOD_COMPILATION_CACHE"] == cache
