@@ -145,7 +145,7 @@ def _step_report(
     return report
 
 
-def _layer_loop(model) -> bool:
+def layer_loop(model) -> bool:
     """Whether a model config runs its layers as a loop the compiler's estimate sees once:
     a scanned stack (`scan_layers`) deeper than 2 whose `scan_unroll` leaves iterations
     (0 or >= num_layers unrolls the whole stack into straight-line code)."""
@@ -349,7 +349,7 @@ def inspect_config(
     train = _step_report(*compiled_train, peak_flops=peak, slice_of=slice_of, hbm_bandwidth=hbm_bw)
     if profile and compiled_train[1] is not None:
         train["profile"] = profile_step(compiled_train[1].as_text(), topo, profile)
-    if layer_estimate and _layer_loop(config.model) and "flops_per_device" in train:
+    if layer_estimate and layer_loop(config.model) and "flops_per_device" in train:
         if layer_estimate != "scan" or config.model.get("scan_unroll", 1) != 1:
             _layer_estimate(config, devices, train, peak)
         elif "compiler_step_s" in train:

@@ -53,12 +53,12 @@ def test_scaled_berts_keep_their_layers_in_a_rematerialised_loop(size):
     loop's step time is the planner's 1- and 2-layer extrapolation."""
     from configs.bert import get_config as bert_config
     from configs.bert_scale import get_config
-    from mlperf.inspection import _layer_loop
+    from mlperf.inspection import layer_loop
 
     assert bert_config("mlperf_v07").model.scan_unroll == 0
     model = get_config(size).model
     assert model.scan_layers and model.scan_unroll == 1 and model.remat
-    assert _layer_loop(model)
+    assert layer_loop(model)
 
 
 def test_memory_expansion_finds_the_split_a_larger_hbm_makes_best():
