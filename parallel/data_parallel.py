@@ -11,6 +11,8 @@ reduced by us:
   dimension the data size divides are first put in their flat, zero-padded view
   (parallel/weight_update.py) and scattered along its last dimension;
 - otherwise (WUS off, or leaves too small for the flat view): `psum`, an all-reduce.
+- one data replica: no collective at all (the sum is the gradient; XLA:CPU would run a
+  one-device all-reduce as a copy of every gradient).
 - another algorithm (`grad_allreduce`: linear_pipeline, ring, tree,
   bidirectional_exchange from parallel/collectives.py): the gradients are flattened
   into buckets, all-reduced with that algorithm (ppermute only), and each replica then
@@ -152,6 +154,16 @@ def reduce_gradients(
 
 
 def _reduce(grads: PyTree, layouts: PyTree, data_axis: str, how: GradReduction) -> PyTree:
+    if jax.lax.axis_size(data_axis) == 1:
+        # One replica: the sum is the gradient itself. XLA:CPU runs a one-device
+        # all-reduce as a copy of every gradient (BERT-base: 440 MB a step), so none is
+        # emitted; the caller's shard_map skips its replication check for this.
+        return jax.tree.map(
+            lambda layout, g: g if _data_dim(layout.spec, data_axis) is None else layout.to_view(g),
+            layouts,
+            grads,
+            is_leaf=is_layout,
+        )
     if how.algorithm != XLA:
         return _custom_reduce(grads, layouts, data_axis, how)
 
@@ -222,6 +234,7 @@ def data_parallel_value_and_grad(
     """
     axis = partitioner.data_axis
     narrow_collectives = partitioner.mesh.devices.flat[0].platform != "cpu"
+    one_replica = partitioner.mesh.shape[axis] == 1
     grad_out_specs = jax.tree.map(
         lambda layout: _manual_spec(layout.spec, axis), layouts, is_leaf=is_layout
     )
@@ -233,8 +246,9 @@ def data_parallel_value_and_grad(
         with partitioner.manual_over(axis):
             loss, aux, grads = local_fn(params, batch, shared, rng)
         grads = reduce_gradients(grads, layouts, axis, how, narrow_collectives)
-        loss = jax.lax.psum(loss, axis)
-        aux = jax.tree.map(lambda a: jax.lax.psum(a, axis), aux)
+        if not one_replica:
+            loss = jax.lax.psum(loss, axis)
+            aux = jax.tree.map(lambda a: jax.lax.psum(a, axis), aux)
         return loss, aux, grads
 
     def fn(params, batch, shared, rng):
@@ -246,8 +260,9 @@ def data_parallel_value_and_grad(
             out_specs=(PartitionSpec(), PartitionSpec(), grad_out_specs),
             axis_names={axis},
             # Custom collectives return sums typed "varying" although every replica holds
-            # the same value; jax has no cast back to invariant, so skip that check there.
-            check_vma=how.algorithm == XLA,
+            # the same value, and one replica's gradients are returned unsummed (typed
+            # "varying" too); jax has no cast back to invariant, so skip the check there.
+            check_vma=how.algorithm == XLA and not one_replica,
         )
         return mapped(params, batch, shared, rng)
 

@@ -90,6 +90,17 @@ def test_without_wus_gradients_are_all_reduced(devices):
     assert report["bytes_per_device"]["opt_state"] == report["bytes_total"]["opt_state"]
 
 
+def test_one_replica_step_sums_no_gradients(devices, single_device_run):
+    """With one data replica the gradient sum is the gradient: the step has no all-reduce
+    (XLA:CPU would run it as a copy of every gradient) and still trains as one device
+    with the sum did (`test_2x4_mesh_matches_one_device` compares the two meshes)."""
+    config = small_bert_config(**{"mesh.ici_shape": (1, 1)})
+    report = inspect_config(config, devices[:1])
+    assert report["collectives"]["all-reduce"] == 0
+    losses, _ = single_device_run
+    assert losses[-1] < losses[0]
+
+
 def _forward(config, devices, batch):
     trainer = build_trainer(config, devices=devices, prepare_data=False)
     state = trainer.init_state()
