@@ -234,7 +234,7 @@ def data_parallel_value_and_grad(
     """
     axis = partitioner.data_axis
     narrow_collectives = partitioner.mesh.devices.flat[0].platform != "cpu"
-    one_replica = partitioner.mesh.shape[axis] == 1
+    one_replica = partitioner.data_size == 1
     grad_out_specs = jax.tree.map(
         lambda layout: _manual_spec(layout.spec, axis), layouts, is_leaf=is_layout
     )
