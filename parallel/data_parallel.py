@@ -48,7 +48,7 @@ from jax.sharding import PartitionSpec
 
 from parallel import collectives
 from parallel.partition import Partitioner
-from parallel.weight_update import UpdateLayout, entry_axes, is_layout
+from parallel.weight_update import UpdateLayout, entry_axes, is_layout, to_views
 
 XLA = "xla"
 GRAD_ALLREDUCE_ALGORITHMS = (XLA, *collectives.ALGORITHMS)
@@ -158,12 +158,7 @@ def _reduce(grads: PyTree, layouts: PyTree, data_axis: str, how: GradReduction) 
         # One replica: the sum is the gradient itself. XLA:CPU runs a one-device
         # all-reduce as a copy of every gradient (BERT-base: 440 MB a step), so none is
         # emitted; the caller's shard_map skips its replication check for this.
-        return jax.tree.map(
-            lambda layout, g: g if _data_dim(layout.spec, data_axis) is None else layout.to_view(g),
-            layouts,
-            grads,
-            is_leaf=is_layout,
-        )
+        return to_views(grads, layouts)
     if how.algorithm != XLA:
         return _custom_reduce(grads, layouts, data_axis, how)
 
