@@ -76,6 +76,24 @@ def test_cpu_bf16_weight_gradient_takes_the_transposed_operand_on_ynnpack():
         assert "stablehlo.dot_general" in text, platform
 
 
+def test_cpu_fp32_weight_gradient_into_a_narrow_result_is_computed_wide():
+    """`[M, P]^T @ [M, Q]` with a narrow Q (a dense layer that narrows, such as the MLP's
+    output projection) is the dot with a column-major result on CPU, the wide `[Q, P]`
+    in memory, and the same gradient as the plain dot's to fp32 rounding; a layer that
+    widens keeps the plain row-major dot."""
+    x = jax.random.normal(jax.random.key(0), (512, 256), jnp.float32)
+    grad = jax.jit(jax.grad(_loss(matmul), (0, 1)))
+    for w_shape, layout in (((256, 64), "{0,1}"), ((256, 512), "{1,0}")):
+        w = jax.random.normal(jax.random.key(1), w_shape, jnp.float32) / 16
+        hlo = grad.lower(x, w).compile().as_text()
+        weight_grad_dots = re.findall(rf"f32\[{w_shape[0]},{w_shape[1]}\](\{{[01,]+\}}) dot\(", hlo)
+        assert weight_grad_dots == [layout], (w_shape, weight_grad_dots)
+        ours = grad(x, w)
+        ref = jax.jit(jax.grad(_loss(_plain), (0, 1)))(x, w)
+        for a, b in zip(ours, ref, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(b))))
+
+
 def test_inside_shard_map_the_cpu_path_matches_the_unsharded_gradient():
     """The loop's carry takes x's manual-axis type, so the bf16 path traces inside a
     shard_map (check_vma on) and each replica's gradient is its own rows'."""

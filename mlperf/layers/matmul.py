@@ -69,10 +69,29 @@ def _transpose_in_loop(x: jax.Array) -> jax.Array:
 def _a_transposed_times_b(a: jax.Array, b: jax.Array) -> jax.Array:
     """`a^T @ b` for `a: [M, P]`, `b: [M, Q]`, the weight gradient's contraction. A bf16
     `a^T` is materialised first (see the module docstring); XLA:CPU's own fp32 dot takes
-    the transposed operand as fast as YNNPACK does."""
+    the transposed operand as fast as YNNPACK does, but not into a narrow result: with
+    Q <= `_NARROW_RESULT` < P it computes `(b^T @ a)^T`, the dot's result kept wide."""
     if a.dtype == jnp.float32:
+        if b.shape[1] <= _NARROW_RESULT < a.shape[1]:
+            return _transposed_result(lax.dot_general(b, a, _CONTRACT_FIRST_FIRST))
         return lax.dot_general(a, b, _CONTRACT_FIRST_FIRST)
     return _dot(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST)
+
+
+# XLA:CPU's fp32 dot into a result of at most this many columns, `[M, P]^T @ [M, Q]` with
+# M >= 2048, runs at about half the rate of the same contraction into the wide `[Q, P]`
+# (56-57 against 93-106 GFLOP/s for Q = 64, 128 on one core of an AMD EPYC);
+# at Q = 512 and 768 the two are within ~10% and the result's transpose costs the
+# difference (docs/performance.md).
+_NARROW_RESULT = 128
+
+
+def _transposed_result(product: jax.Array) -> jax.Array:
+    """`product.T`, its transpose kept apart from the dot until layout assignment: the
+    algebraic simplifier would fold it into the narrow-result dot, while layout assignment
+    gives that dot a column-major result, the wide product in memory
+    (`test_matmul.py`)."""
+    return lax.optimization_barrier(product).T
 
 
 def _check(x: jax.Array, w: jax.Array) -> None:
