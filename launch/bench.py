@@ -66,7 +66,9 @@ _INPUT_WORKERS = flags.DEFINE_list(
 
 _PEER_MODELS = flags.DEFINE_list("peer_models", ["bert", "transformer"], "peers: models.")
 _PEER_SIZES = flags.DEFINE_list("peer_sizes", ["tiny", "base"], "peers: sizes (tiny, base).")
-_ROUNDS = flags.DEFINE_integer("rounds", 5, "peers: timed rounds (after one warm-up round).")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 5, "peers: timed rounds (after the warm-up rounds: bench_peers.alternate)."
+)
 _PEER_STEPS = flags.DEFINE_integer("peer_steps", 3, "peers: train steps per side per round.")
 _PEER_THREADS = flags.DEFINE_integer(
     "peer_threads", 0, "peers: CPU threads for both sides (0: each library's default)."

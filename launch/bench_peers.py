@@ -14,8 +14,9 @@ sentence pair per row. Ours uses gathers for lookups, the CPU choice of the conf
 
 The two sides alternate A B A B in one process, so machine load that comes and goes
 (the CPUs are shared) hits both alike; each round times `steps` train steps of each
-side, the first `warmup` rounds are discarded, and the median samples/s of the rest
-is reported with the ratio ours / peer.
+side, the warm-up rounds are discarded (the first, and more while a side's steps still
+grow the process's memory: `alternate`), and the median samples/s of the rest is reported
+with the ratio ours / peer.
 
 Differences that are part of the designs, not of this benchmark: Hugging Face computes
 the masked-LM head over all L positions ([B, L, V] logits, labels -100 elsewhere); ours
@@ -225,20 +226,54 @@ def _torch_precision(dtype: str) -> Callable[[], Any]:
     return contextlib.nullcontext
 
 
+# A warm-up round is settled when no side's steps grew the process's resident memory by
+# more than this a step: in one process with a peer, our step's scratch memory keeps
+# finding fresh heap for its first few rounds (~10,000 page faults a step, 1.4-1.7x its
+# settled time for BERT tiny), the peer's allocations having taken the freed blocks.
+SETTLED_GROWTH_PER_STEP = 1 << 20
+
+
+def _resident_bytes() -> int:
+    """The process's resident memory now (Linux: /proc/self/statm); 0 where unknown, so
+    that elsewhere the warm-up is the rounds asked for."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def alternate(
-    sides: dict[str, Callable[[], Any]], batch_size: int, rounds: int, steps: int, warmup: int
-) -> dict[str, list[float]]:
-    """Samples/s per round of each side, timed A B A B; warm-up rounds dropped."""
+    sides: dict[str, Callable[[], Any]],
+    batch_size: int,
+    rounds: int,
+    steps: int,
+    warmup: int,
+    max_warmup: int | None = None,
+) -> tuple[dict[str, list[float]], int]:
+    """Samples/s per timed round of each side, timed A B A B, and the warm-up rounds
+    dropped before them: at least `warmup`, and more while a round of some side grew the
+    process's resident memory by more than SETTLED_GROWTH_PER_STEP a step, up to `max_warmup`
+    (default `warmup + 4`)."""
+    max_warmup = warmup + 4 if max_warmup is None else max(max_warmup, warmup)
     rates: dict[str, list[float]] = {name: [] for name in sides}
-    for r in range(warmup + rounds):
+    warmed = 0
+    while len(rates[next(iter(sides))]) < rounds:
+        round_rates, settled = {}, True
         for name, step in sides.items():
+            resident = _resident_bytes()
             start = time.perf_counter()
             for _ in range(steps):
                 step()
             elapsed = time.perf_counter() - start
-            if r >= warmup:
-                rates[name].append(steps * batch_size / elapsed)
-    return rates
+            round_rates[name] = steps * batch_size / elapsed
+            settled &= (_resident_bytes() - resident) / steps <= SETTLED_GROWTH_PER_STEP
+        if warmed < warmup or (not settled and warmed < max_warmup):
+            warmed += 1
+            continue
+        for name, rate in round_rates.items():
+            rates[name].append(rate)
+    return rates, warmed
 
 
 def compare(
@@ -251,7 +286,7 @@ def compare(
 ) -> list[dict[str, Any]]:
     """One row per peer: median samples/s of ours (the first side) and of that peer,
     their ratio, and every round's rates. All sides alternate in the same rounds."""
-    rates = alternate(sides, batch_size, rounds, steps, warmup)
+    rates, warmed = alternate(sides, batch_size, rounds, steps, warmup)
     ours, *peers = list(sides)
     med = {name: statistics.median(r) for name, r in rates.items()}
     return [
@@ -264,6 +299,7 @@ def compare(
             "peer_samples_per_s": med[peer],
             "ratio": med[ours] / med[peer],
             "rounds": {ours: rates[ours], peer: rates[peer]},
+            "warmup_rounds": warmed,
         }
         for peer in peers
     ]

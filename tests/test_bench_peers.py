@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from launch import bench_peers as bp
@@ -41,6 +42,30 @@ def test_our_bert_with_the_last_layer_rows_trains_alike():
     first, second = full(), full()
     assert rows() == pytest.approx(first, rel=1e-5)
     assert rows() == pytest.approx(second, rel=1e-5)
+
+
+def test_warm_up_lasts_while_a_side_grows_the_process_memory():
+    """A side whose first three rounds grow the process's resident memory (a heap still
+    growing) keeps the warm-up going; a settled pair of sides gets the one warm-up round
+    asked for; the warm-up never passes its bound."""
+    calls = {"growing": 0}
+    kept = []
+
+    def growing():
+        calls["growing"] += 1
+        if calls["growing"] <= 3:  # 8 MiB more resident memory, kept
+            kept.append(np.ones(2 << 20, np.float32))
+
+    def settled():
+        return None
+
+    rates, warmed = bp.alternate({"a": settled, "b": growing}, 1, rounds=2, steps=1, warmup=1)
+    assert warmed == 3 and [len(r) for r in rates.values()] == [2, 2]
+    rates, warmed = bp.alternate({"a": settled, "b": settled}, 1, rounds=2, steps=1, warmup=1)
+    assert warmed == 1
+    calls["growing"] = -10  # more memory every round from here on
+    rates, warmed = bp.alternate({"b": growing}, 1, rounds=1, steps=1, warmup=0, max_warmup=2)
+    assert warmed == 2 and len(rates["b"]) == 1
 
 
 @pytest.mark.xdist_group("bench_peers")
