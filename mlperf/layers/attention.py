@@ -8,6 +8,7 @@ from flax import nnx
 
 from mlperf.layers.dropout import dropout, dropout_keep_mask, keep_scale
 from mlperf.layers.linear import DenseGeneral
+from mlperf.layers.softmax import softmax
 from parallel.partition import constrain
 
 
@@ -73,7 +74,7 @@ class SelfAttention(nnx.Module):
         if self.normalize_after_values:
             ctx_BxLxHxK = self._attend_then_normalize(scores_BxHxLxL + bias, v, rng)
         else:
-            probs = jax.nn.softmax(scores_BxHxLxL + bias, axis=-1).astype(self.dtype)
+            probs = softmax(scores_BxHxLxL + bias).astype(self.dtype)
             if rng is not None:
                 probs = dropout(probs, self.dropout_rate, rng)
             ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", probs, v)

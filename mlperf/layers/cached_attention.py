@@ -19,6 +19,7 @@ from flax import nnx
 
 from mlperf.layers.dropout import dropout
 from mlperf.layers.linear import DenseGeneral
+from mlperf.layers.softmax import softmax
 from parallel.partition import constrain
 
 Cache = dict[str, jax.Array]
@@ -96,7 +97,7 @@ class MultiHeadAttention(nnx.Module):
         scores_BxHxQxK = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
         if mask is not None:
             scores_BxHxQxK = jnp.where(mask, scores_BxHxQxK, -1e9)
-        probs = jax.nn.softmax(scores_BxHxQxK, axis=-1).astype(self.dtype)
+        probs = softmax(scores_BxHxQxK).astype(self.dtype)
         if rng is not None:
             probs = dropout(probs, self.dropout_rate, rng)
         ctx_BxQxHxD = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
