@@ -78,10 +78,10 @@ def _a_transposed_times_b(a: jax.Array, b: jax.Array) -> jax.Array:
     return _dot(_transpose_in_loop(a), b, _CONTRACT_LAST_FIRST)
 
 
-# XLA:CPU's fp32 dot into a result of at most this many columns, `[M, P]^T @ [M, Q]` with
-# M >= 2048, runs at about half the rate of the same contraction into the wide `[Q, P]`
-# (56-57 against 93-106 GFLOP/s for Q = 64, 128 on one core of an AMD EPYC);
-# at Q = 512 and 768 the two are within ~10% and the result's transpose costs the
+# XLA:CPU's fp32 dot into a result of at most this many columns, `[M, P]^T @ [M, Q]`,
+# runs at about half the rate of the same contraction into the wide `[Q, P]` (49-57
+# against 80-105 GFLOP/s for Q = 64, 128 and M from 160 to 2048 on one core of an AMD
+# EPYC); at Q = 768 the two are within ~10% and the result's transpose costs the
 # difference (docs/performance.md).
 _NARROW_RESULT = 128
 
