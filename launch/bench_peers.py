@@ -257,8 +257,8 @@ def alternate(
     (default `warmup + 4`)."""
     max_warmup = warmup + 4 if max_warmup is None else max(max_warmup, warmup)
     rates: dict[str, list[float]] = {name: [] for name in sides}
-    warmed = 0
-    while len(rates[next(iter(sides))]) < rounds:
+    warmed = timed = 0
+    while timed < rounds:
         round_rates, settled = {}, True
         for name, step in sides.items():
             resident = _resident_bytes()
@@ -273,6 +273,7 @@ def alternate(
             continue
         for name, rate in round_rates.items():
             rates[name].append(rate)
+        timed += 1
     return rates, warmed
 
 
