@@ -38,6 +38,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from launch.peer_ceiling import add_utilisation, matmul_peak
+
 
 @dataclasses.dataclass(frozen=True)
 class BertSize:
@@ -105,8 +107,8 @@ def synthetic_bert_batch(size: BertSize, seed: int = 0) -> dict[str, np.ndarray]
 
 def ours_bert_step(
     size: BertSize, einsum_gather: bool, last_layer_rows: bool = False, dtype: str = "float32"
-) -> Callable[[], Any]:
-    """Our compiled BERT train step on one device; returns a closure running one step.
+) -> OurStep:
+    """Our compiled BERT train step on one device (call it to run one step).
     `last_layer_rows`: model.last_layer_head_positions_only; `dtype`: the compute dtype
     (parameters stay fp32)."""
     from configs.bert import get_config
@@ -132,7 +134,7 @@ def ours_bert_step(
     c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
     c.mesh.ici_shape = (1, 1)
     trainer = build_trainer(c, devices=jax.devices()[:1], prepare_data=False)
-    return _our_step(trainer, synthetic_bert_batch(size))
+    return OurStep(trainer, synthetic_bert_batch(size))
 
 
 def hf_bert_step(
@@ -284,13 +286,16 @@ def compare(
     rounds: int,
     steps: int,
     warmup: int = 1,
+    peak: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per peer: median samples/s of ours (the first side) and of that peer,
-    their ratio, and every round's rates. All sides alternate in the same rounds."""
+    their ratio, and every round's rates. All sides alternate in the same rounds. With
+    the matmul `peak` (`peer_ceiling.matmul_peak`) and ours an `OurStep`, the rows also
+    carry both sides' MFU and the ceiling (`peer_ceiling.add_utilisation`)."""
     rates, warmed = alternate(sides, batch_size, rounds, steps, warmup)
     ours, *peers = list(sides)
     med = {name: statistics.median(r) for name, r in rates.items()}
-    return [
+    rows = [
         {
             "comparison": label,
             "ours": ours,
@@ -304,6 +309,11 @@ def compare(
         }
         for peer in peers
     ]
+    flops = getattr(sides[ours], "flops_per_example", None)
+    if peak and flops:
+        for row in rows:
+            add_utilisation(row, flops, peak)
+    return rows
 
 
 def bench_bert(
@@ -313,14 +323,19 @@ def bench_bert(
     einsum_gather: bool,
     last_layer_rows: bool = False,
     dtype: str = "float32",
+    peak: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Our BERT against Hugging Face's (stock, and with the head on masked positions)."""
+    """Our BERT against Hugging Face's (stock, and with the head on masked positions).
+    With `peak`, the rows carry MFU and the ceiling, except with `last_layer_rows`: then
+    ours does fewer FLOPs than the peers."""
     sides = {
         "ours": ours_bert_step(size, einsum_gather, last_layer_rows, dtype),
         "hf_bert": hf_bert_step(size, dtype=dtype),
         "hf_bert_gathered": hf_bert_step(size, gathered_head=True, dtype=dtype),
     }
-    rows = compare(_label("bert", size.name, dtype), sides, size.batch_size, rounds, steps)
+    peak = None if last_layer_rows else peak
+    label = _label("bert", size.name, dtype)
+    rows = compare(label, sides, size.batch_size, rounds, steps, peak=peak)
     for row in rows:
         row["size"] = dataclasses.asdict(size)
         row["einsum_gather"] = einsum_gather
@@ -371,7 +386,7 @@ def synthetic_translation_batch(size: TransformerSize, seed: int = 0) -> dict[st
     return out
 
 
-def ours_transformer_step(size: TransformerSize, dtype: str = "float32") -> Callable[[], Any]:
+def ours_transformer_step(size: TransformerSize, dtype: str = "float32") -> OurStep:
     """Our compiled Transformer train step on one device (gathers, the CPU choice) in
     compute dtype `dtype`."""
     from configs.transformer import get_config
@@ -392,22 +407,25 @@ def ours_transformer_step(size: TransformerSize, dtype: str = "float32") -> Call
     c.train.update(global_batch_size=size.batch_size, steps=1000, eval_batch_size=size.batch_size)
     c.mesh.ici_shape = (1, 1)
     trainer = build_trainer(c, devices=jax.devices()[:1], prepare_data=False)
-    return _our_step(trainer, synthetic_translation_batch(size))
+    return OurStep(trainer, synthetic_translation_batch(size))
 
 
-def _our_step(trainer, host_batch: dict[str, np.ndarray]) -> Callable[[], Any]:
-    phase = trainer.phases[0]
-    layout = trainer.partitioner.data_layout(phase.global_batch_size)
-    compiled = trainer.lower_train_step(phase).compile()
-    box = {"state": trainer.init_state()}
-    key = trainer.partitioner.replicate(lambda: jax.random.key(0))
-    batch = trainer.partitioner.host_to_global(host_batch, layout)
+class OurStep:
+    """Our compiled train step on one batch: calling it runs one step and returns the
+    loss; `flops_per_example` is the task's model FLOPs per example (MFU's numerator)."""
 
-    def step():
-        box["state"], metrics = compiled(box["state"], batch, key)
+    def __init__(self, trainer, host_batch: dict[str, np.ndarray]):
+        phase = trainer.phases[0]
+        layout = trainer.partitioner.data_layout(phase.global_batch_size)
+        self.compiled = trainer.lower_train_step(phase).compile()
+        self._state = trainer.init_state()
+        self._key = trainer.partitioner.replicate(lambda: jax.random.key(0))
+        self._batch = trainer.partitioner.host_to_global(host_batch, layout)
+        self.flops_per_example = float(trainer.task.flops_per_example(phase))
+
+    def __call__(self) -> float:
+        self._state, metrics = self.compiled(self._state, self._batch, self._key)
         return float(jax.block_until_ready(metrics["loss"]))
-
-    return step
 
 
 def torch_transformer_step(size: TransformerSize, dtype: str = "float32") -> Callable[[], Any]:
@@ -481,9 +499,14 @@ def torch_transformer_step(size: TransformerSize, dtype: str = "float32") -> Cal
 
 
 def bench_transformer(
-    sizes: list[str], rounds: int, steps: int, dtype: str = "float32"
+    sizes: list[str],
+    rounds: int,
+    steps: int,
+    dtype: str = "float32",
+    peak: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Our Transformer against torch.nn.Transformer at each size."""
+    """Our Transformer against torch.nn.Transformer at each size (with `peak`: MFU and
+    the ceiling in the rows)."""
     rows = []
     for name in sizes:
         size = TRANSFORMER_SIZES[name]
@@ -492,7 +515,7 @@ def bench_transformer(
             "torch_transformer": torch_transformer_step(size, dtype),
         }
         label = _label("transformer", name, dtype)
-        for row in compare(label, sides, size.batch_size, rounds, steps):
+        for row in compare(label, sides, size.batch_size, rounds, steps, peak=peak):
             row["size"] = dataclasses.asdict(size)
             row["dtype"] = dtype
             rows.append(row)
@@ -509,37 +532,44 @@ def run_peers(
     dtype: str = "float32",
 ) -> list[dict[str, Any]]:
     """Every requested comparison in compute dtype `dtype` (float32, or bfloat16 against
-    torch's CPU autocast); a model whose code is not in the repo is skipped with a note
-    row (the Transformer lands separately)."""
+    torch's CPU autocast), with both sides' MFU against the matmul peak of the same
+    threads, measured once first; a model whose code is not in the repo is skipped with a
+    note row (the Transformer lands separately)."""
     unknown = [s for s in sizes if s not in BERT_SIZES]
     if unknown:
         raise ValueError(f"unknown peer sizes {unknown}; choose from {sorted(BERT_SIZES)}.")
+    unknown = [m for m in models if m not in ("bert", "transformer")]
+    if unknown:
+        raise ValueError(f"unknown peer model {unknown[0]!r}; choose bert or transformer.")
     check_dtype(dtype)
+    peak = matmul_peak(dtype)
     rows = []
     for model in models:
         if model == "bert":
             for s in sizes:
                 rows += bench_bert(
-                    BERT_SIZES[s], rounds, steps, einsum_gather, last_layer_rows, dtype
+                    BERT_SIZES[s], rounds, steps, einsum_gather, last_layer_rows, dtype, peak
                 )
-        elif model == "transformer":
-            if not os.path.exists(_TRANSFORMER_MODEL):
-                print(f"transformer: skipped, {_TRANSFORMER_MODEL} is not in this checkout yet")
-                continue
-            rows += bench_transformer(sizes, rounds, steps, dtype)
+        elif not os.path.exists(_TRANSFORMER_MODEL):
+            print(f"transformer: skipped, {_TRANSFORMER_MODEL} is not in this checkout yet")
         else:
-            raise ValueError(f"unknown peer model {model!r}; choose bert or transformer.")
+            rows += bench_transformer(sizes, rounds, steps, dtype, peak)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Fixed-width table: comparison, batch, samples/s of both sides, ratio."""
+    """Fixed-width table: comparison, batch, samples/s of both sides, ratio, and where
+    measured both sides' MFU and the ceiling (`peer_ceiling`)."""
     lines = [
         f"{'comparison':<20} {'batch':>5} {'ours/s':>10} {'peer':<18} {'peer/s':>10} {'ratio':>6}"
+        f" {'ours MFU':>8} {'peer MFU':>8} {'ceiling':>7}"
     ]
     for r in rows:
-        lines.append(
+        line = (
             f"{r['comparison']:<20} {r['batch_size']:>5} {r['ours_samples_per_s']:>10.1f} "
             f"{r['peer']:<18} {r['peer_samples_per_s']:>10.1f} {r['ratio']:>5.2f}x"
         )
+        if "ceiling" in r:
+            line += f" {r['ours_mfu']:>8.1%} {r['peer_mfu']:>8.1%} {r['ceiling']:>6.2f}x"
+        lines.append(line)
     return "\n".join(lines)

@@ -29,9 +29,10 @@ class Peak:
     source: str  # "published bf16 (TPU v4) x 8 devices" or "measured fp32 matmul (cpu)"
 
 
-def measure_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of a square fp32 matmul on one device: this machine's practical peak."""
-    a = jnp.ones((n, n), jnp.float32)
+def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
+    """FLOP/s of a square matmul (fp32 unless `dtype` says otherwise) on one device: this
+    machine's practical peak."""
+    a = jnp.ones((n, n), dtype)
     matmul = jax.jit(lambda x: x @ x)
     matmul(a).block_until_ready()
     times = []

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from launch import bench_peers as bp
+from launch import peer_ceiling
+from parallel.hlo_counts import hlo_flops
 
 BERT = bp.BertSize("test", 96, 32, 1, 4, 64, 16, 4, 8, 0.0)
 TRANSFORMER = bp.TransformerSize("test", 128, 32, 4, 1, 64, 16, 8, 0.0)
@@ -70,14 +72,44 @@ def test_warm_up_lasts_while_a_side_grows_the_process_memory():
 
 @pytest.mark.xdist_group("bench_peers")
 def test_bert_one_round_table(bert_sides):
-    rows = bp.compare("bert:test", bert_sides, BERT.batch_size, rounds=1, steps=1, warmup=0)
+    peak = {"jax": 2e11, "torch": 1e11}
+    rows = bp.compare("bert:test", bert_sides, BERT.batch_size, 1, 1, warmup=0, peak=peak)
     assert [r["peer"] for r in rows] == ["hf_bert", "hf_bert_gathered"]
+    flops = bert_sides["ours"].flops_per_example
     for r in rows:
         assert r["ours_samples_per_s"] > 0 and r["peer_samples_per_s"] > 0
         assert r["ratio"] == pytest.approx(r["ours_samples_per_s"] / r["peer_samples_per_s"])
         assert all(len(v) == 1 for v in r["rounds"].values())
+        # MFU against the faster library's peak; the ceiling is that peak over the peer.
+        assert r["ours_mfu"] == pytest.approx(r["ours_samples_per_s"] * flops / 2e11)
+        assert r["peer_mfu"] == pytest.approx(r["peer_samples_per_s"] * flops / 2e11)
+        assert r["ceiling"] == pytest.approx(1 / r["peer_mfu"])
     text = bp.table(rows)
     assert "bert:test" in text and "hf_bert_gathered" in text
+    assert f"{rows[1]['ceiling']:.2f}x" in text.splitlines()[2]
+    # Without a peak (or with --peer_last_layer_rows) the rows have no MFU columns.
+    bare = bp.compare("bert:test", bert_sides, BERT.batch_size, 1, 1, warmup=0)
+    assert "ceiling" not in bare[0] and "%" not in bp.table(bare)
+
+
+@pytest.mark.xdist_group("bench_peers")
+def test_model_flops_are_the_compiled_steps_matmul_flops(bert_sides):
+    """The MFU numerator, the task's analytic FLOPs per example, is what the compiled
+    step's dots do (within the small products the formula leaves out: pooler, biases)."""
+    transformer = bp.ours_transformer_step(TRANSFORMER)
+    for step, batch in ((bert_sides["ours"], BERT.batch_size), (transformer, 8)):
+        dots = hlo_flops(step.compiled.as_text(), matmul_only=True)
+        assert step.flops_per_example * batch == pytest.approx(dots, rel=0.05)
+
+
+def test_matmul_peak_is_measured_by_both_libraries_in_the_compute_dtype():
+    for dtype in ("float32", "bfloat16"):
+        peak = peer_ceiling.matmul_peak(dtype)
+        assert set(peak) == {"jax", "torch"} and min(peak.values()) > 1e8, dtype
+    row = {"ours_samples_per_s": 30.0, "peer_samples_per_s": 20.0}
+    peer_ceiling.add_utilisation(row, 1e9, {"jax": 8e10, "torch": 1e11})
+    assert row["ours_mfu"] == pytest.approx(0.3) and row["peer_mfu"] == pytest.approx(0.2)
+    assert row["ceiling"] == pytest.approx(5.0)
 
 
 @pytest.mark.xdist_group("bench_peers")
