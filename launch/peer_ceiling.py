@@ -10,11 +10,9 @@ ahead of it, whatever its kernels.
 
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any
 
-from mlperf.peak_flops import measure_matmul_peak
+from mlperf.peak_flops import matmul_flops_per_s, measure_matmul_peak
 
 PEAK_MATMUL_SIZE = 1024  # square; as MFU's CPU peak (mlperf/peak_flops.py)
 
@@ -24,14 +22,7 @@ def torch_matmul_peak(n: int = PEAK_MATMUL_SIZE, repeats: int = 5, dtype: str = 
     import torch
 
     a = torch.ones(n, n, dtype=getattr(torch, dtype))
-    torch.mm(a, a)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(4):
-            torch.mm(a, a)
-        times.append((time.perf_counter() - start) / 4)
-    return 2.0 * n**3 / statistics.median(times)
+    return matmul_flops_per_s(lambda: torch.mm(a, a), n, repeats)
 
 
 def matmul_peak(dtype: str = "float32") -> dict[str, float]:

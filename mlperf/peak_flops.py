@@ -14,6 +14,8 @@ import dataclasses
 import functools
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +31,19 @@ class Peak:
     source: str  # "published bf16 (TPU v4) x 8 devices" or "measured fp32 matmul (cpu)"
 
 
+def matmul_flops_per_s(multiply: Callable[[], Any], n: int, repeats: int = 5) -> float:
+    """FLOP/s of `multiply`, one square n x n matmul that returns once its result is
+    ready: after one untimed call, the median of `repeats` timings of four calls."""
+    multiply()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(4):
+            multiply()
+        times.append((time.perf_counter() - start) / 4)
+    return 2.0 * n**3 / statistics.median(times)
+
+
 def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
     """FLOP/s of a square matmul (fp32 unless `dtype` says otherwise) on one device: this
     machine's practical peak. The product accumulates into fp32, as the models' matmuls
@@ -36,15 +51,7 @@ def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32")
     copies of its operands, at about half the speed."""
     a = jnp.ones((n, n), dtype)
     matmul = jax.jit(lambda x: jax.lax.dot(x, x, preferred_element_type=jnp.float32))
-    matmul(a).block_until_ready()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(4):
-            out = matmul(a)
-        out.block_until_ready()
-        times.append((time.perf_counter() - start) / 4)
-    return 2.0 * n**3 / statistics.median(times)
+    return matmul_flops_per_s(lambda: matmul(a).block_until_ready(), n, repeats)
 
 
 @functools.cache
