@@ -52,6 +52,10 @@ def _base() -> ConfigDict:
             # Divide by the softmax's sum after the product with the values (Google's
             # v0.7 BERT): the same outputs up to rounding, less work over [B, H, L, L].
             attention_normalize_after_values=False,
+            # On CPU, the attention core in blocks of examples whose [B, H, L, L] scores
+            # fit this many bytes (docs/performance.md "Attention in blocks on CPU");
+            # 0 keeps it whole. TPU and GPU programs ignore it.
+            attention_cpu_block_bytes=512 * 1024,
             # Stack the layers on a `stack` axis and lax.scan them: one layer's program
             # whatever the depth (what makes BERT-large compile for a multipod).
             # Changes the parameter tree: checkpoints of one form do not restore into

@@ -77,6 +77,12 @@ def validate(config, num_devices: int) -> dict[str, int]:
     softmax = config.model.get("attention_softmax_dtype", "float32")
     if softmax not in ("float32", "bfloat16"):
         raise ConfigError(f"model.attention_softmax_dtype={softmax!r}: use float32 or bfloat16.")
+    block_bytes = config.model.get("attention_cpu_block_bytes", 0)
+    if not isinstance(block_bytes, int) or block_bytes < 0:
+        raise ConfigError(
+            f"model.attention_cpu_block_bytes={block_bytes!r}: give a whole number of bytes "
+            "for one CPU attention block's scores (0 keeps the attention core whole)."
+        )
     policy = config.model.get("remat_policy", "nothing")
     if policy not in ("nothing", "dots", "dots_no_batch"):
         raise ConfigError(f"model.remat_policy={policy!r}: use nothing, dots or dots_no_batch.")

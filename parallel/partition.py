@@ -309,6 +309,26 @@ def manual_data_axis() -> str | None:
     return partitioner.data_axis
 
 
+def shard_count(logical_axis: str) -> int:
+    """How many ways the active mesh splits the logical axis (1 outside an active
+    Partitioner, and for axes a surrounding shard_map has made manual: there shapes are
+    already per device). Layers size per-device work by it, not by mesh axes."""
+    partitioner = _ACTIVE.get()
+    if partitioner is None:
+        return 1
+    mapped = partitioner.spec((logical_axis,))[0]
+    if mapped is None:
+        return 1
+    names = (mapped,) if isinstance(mapped, str) else tuple(mapped)
+    sizes = partitioner.axis_sizes
+    manual = _MANUAL.get()
+    count = 1
+    for name in names:
+        if name not in manual:
+            count *= sizes[name]
+    return count
+
+
 def constrain_if_mapped(
     x: jax.Array, logical_axes: Sequence[str | None], *, axis: str
 ) -> jax.Array:

@@ -11,6 +11,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from mlperf.layers.dropout import (
     _element_words16,
+    _packed_words16,
     drop_threshold,
     dropout,
     dropout_keep_mask,
@@ -130,3 +131,25 @@ def test_inside_shard_map_both_forms_vary_with_the_key():
     y = np.asarray(run(keys, x))
     assert not np.array_equal(y[:4], y[4:])  # each data shard its own key
     assert abs((y != 0).mean() - 0.9) < 0.02
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_interleaved_row_blocks_equal_those_rows_of_the_whole_mask(impl):
+    """`rows=(count, index)`: rows index, index + count, ... of the whole mask, bit for
+    bit, for the CPU packing and the per-element draw (`attention_core`'s blocks)."""
+    shape, count = (8, 3, 16, 24), 4
+    key = jax.random.key(10, impl=impl)
+    block_shape = (shape[0] // count, *shape[1:])
+    for words in (_packed_words16, _element_words16):
+        whole = np.asarray(jax.jit(lambda k, w=words: w(k, shape))(key))
+        for index in range(count):
+            block = jax.jit(lambda k, w=words, i=index: w(k, block_shape, rows=(count, i)))(key)
+            np.testing.assert_array_equal(np.asarray(block), whole[index::count])
+    keep = dropout_keep_mask(shape, 0.1, key)
+    block = dropout_keep_mask(block_shape, 0.1, key, rows=(count, 1))
+    np.testing.assert_array_equal(np.asarray(block), np.asarray(keep)[1::count])
+
+
+def test_rows_that_select_no_block_are_refused():
+    with pytest.raises(ValueError, match="count-th row"):
+        dropout_keep_mask((4, 8), 0.1, jax.random.key(0), rows=(2, 2))

@@ -61,6 +61,10 @@ def test_joined_schedule_warms_up_and_decays_per_phase():
         ({"model.train_head_dtype": "float16"}, "model.train_head_dtype='float16': use float32"),
         ({"model.train_head_dtype": "bfloat16"}, "applies only to the sliced head"),
         ({"data.read_threads": -1}, "data.read_threads=-1: give a whole number"),
+        (
+            {"model.attention_cpu_block_bytes": -1},
+            "model.attention_cpu_block_bytes=-1: give a whole number of bytes",
+        ),
     ],
 )
 def test_bad_configs_fail_with_the_value_and_the_fix(overrides, message):

@@ -65,6 +65,7 @@ def test_neutral_changes_pass_and_named_keys_are_allowed():
         "checkpoint.keep": 7,
         "mesh.ici_shape": (4, 2),
         "train.eval_batch_size": 32,
+        "model.attention_cpu_block_bytes": 0,
     }
     now = plain_config(small_bert_config(**neutral))
     changes = check_config_change(saved, now, allowed=(), where="x")

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import mlperf.layers.attention_core as attention_core
 import mlperf.layers.cached_attention as cached_attention
 from mlperf.layers.softmax import softmax
 
@@ -47,10 +48,14 @@ def test_bf16_scores_stay_bf16():
 
 def _full_shape_broadcasts(softmax_fn, monkeypatch) -> int:
     """Two causal self-attention layers at the Transformer tiny peer's size, differentiated
-    and compiled for CPU: how many fusions only broadcast something to [B, H, Q, K]."""
-    monkeypatch.setattr(cached_attention, "softmax", softmax_fn)
+    and compiled for CPU, the attention core whole: how many fusions only broadcast
+    something to [B, H, Q, K]."""
+    monkeypatch.setattr(attention_core, "softmax", softmax_fn)
     batch, length, dim, heads = 32, 64, 64, 4
-    layers = [cached_attention.MultiHeadAttention(dim, heads, rngs=nnx.Rngs(i)) for i in (0, 1)]
+    layers = [
+        cached_attention.MultiHeadAttention(dim, heads, rngs=nnx.Rngs(i), cpu_block_bytes=0)
+        for i in (0, 1)
+    ]
     graphdef, params = nnx.split(layers)
     mask = cached_attention.causal_mask(length)
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from mlperf.layers.attention import SelfAttention
+from mlperf.layers.attention_core import CPU_BLOCK_BYTES
 from mlperf.layers.bias import add_bias
 from mlperf.layers.cross_entropy import chunked_eval_stats, softmax_cross_entropy
 from mlperf.layers.dropout import dropout
@@ -61,6 +62,9 @@ class BertConfig:
     # Divide by the softmax's sum after the product with the values (`SelfAttention`),
     # as Google's v0.7 BERT: the same outputs, less elementwise work over [B, H, L, L].
     attention_normalize_after_values: bool = False
+    # On CPU the attention core runs in blocks of examples whose scores fit this many
+    # bytes (`attention_core`); 0 keeps it whole. Other platforms ignore it.
+    attention_cpu_block_bytes: int = CPU_BLOCK_BYTES
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
     # One layer's parameters stacked on a leading `stack` axis and applied with lax.scan:
@@ -125,6 +129,7 @@ class EncoderLayer(nnx.Module):
             dtype=dt,
             softmax_dtype=jnp.dtype(cfg.attention_softmax_dtype),
             normalize_after_values=cfg.attention_normalize_after_values,
+            cpu_block_bytes=cfg.attention_cpu_block_bytes,
         )
         self.attention_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
         self.mlp = MlpBlock(

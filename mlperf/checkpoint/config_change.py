@@ -34,6 +34,9 @@ TRAJECTORY_NEUTRAL = (
     "data.eval_images_dir",
     "data.max_eval_examples",
     "model.eval_head_chunks",  # how the eval's vocabulary projection is grouped
+    # The attention core in CPU blocks: the same dropout masks, values equal to float32
+    # rounding (test_attention_core.py).
+    "model.attention_cpu_block_bytes",
     # The mesh and the parallel layout: the state is resharded on restore (sums are then
     # taken in another order: equal to float32 rounding, not bitwise).
     "mesh.axes",

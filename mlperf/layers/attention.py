@@ -6,9 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mlperf.layers.dropout import dropout, dropout_keep_mask, keep_scale
+from mlperf.layers.attention_core import CPU_BLOCK_BYTES, attention_context
 from mlperf.layers.linear import DenseGeneral
-from mlperf.layers.softmax import softmax
 from parallel.partition import constrain
 
 
@@ -35,6 +34,7 @@ class SelfAttention(nnx.Module):
         dtype: jnp.dtype = jnp.float32,
         softmax_dtype: jnp.dtype = jnp.float32,
         normalize_after_values: bool = False,
+        cpu_block_bytes: int = CPU_BLOCK_BYTES,
     ):
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}.")
@@ -44,6 +44,7 @@ class SelfAttention(nnx.Module):
         self.dtype = dtype
         self.softmax_dtype = softmax_dtype
         self.normalize_after_values = normalize_after_values
+        self.cpu_block_bytes = cpu_block_bytes
 
         def proj():
             return DenseGeneral(
@@ -69,35 +70,19 @@ class SelfAttention(nnx.Module):
         k = constrain(self.key(x_BxLxD), ("batch", "length", "heads", "kv"))
         v = constrain(self.value(x_BxLxD), ("batch", "length", "heads", "kv"))
         q = q / jnp.sqrt(self.head_dim).astype(q.dtype)
-        scores_BxHxLxL = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(self.softmax_dtype)
-        bias = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9).astype(self.softmax_dtype)
-        if self.normalize_after_values:
-            ctx_BxLxHxK = self._attend_then_normalize(scores_BxHxLxL + bias, v, rng)
-        else:
-            probs = softmax(scores_BxHxLxL + bias).astype(self.dtype)
-            if rng is not None:
-                probs = dropout(probs, self.dropout_rate, rng)
-            ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        bias_Bx1x1xL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9)
+        ctx_BxLxHxK = attention_context(
+            q,
+            k,
+            v,
+            bias_Bx1x1xL.astype(self.softmax_dtype),
+            rng,
+            dropout_rate=self.dropout_rate,
+            dtype=self.dtype,
+            softmax_dtype=self.softmax_dtype,
+            additive_mask=True,
+            normalize_after_values=self.normalize_after_values,
+            block_bytes=self.cpu_block_bytes,
+        )
         ctx_BxLxHxK = constrain(ctx_BxLxHxK, ("batch", "length", "heads", "kv"))
         return self.out(ctx_BxLxHxK)
-
-    def _attend_then_normalize(
-        self, scores_BxHxLxL: jax.Array, v: jax.Array, rng: jax.Array | None
-    ) -> jax.Array:
-        """softmax(scores) (with dropout) @ v, normalised on the [B, L, H, K] result."""
-        # The max only keeps exp in range; its gradient cancels, so none flows through it.
-        top = jax.lax.stop_gradient(jnp.max(scores_BxHxLxL, axis=-1, keepdims=True))
-        unnormalized = jnp.exp(scores_BxHxLxL - top)
-        total_BxHxL = jnp.sum(unnormalized, axis=-1)
-        weights = unnormalized.astype(self.dtype)
-        # The keep bits `dropout` would draw for the normalised probabilities; its
-        # 1 / (1 - rate) scaling moves to the result with the division by the sum.
-        keep = dropout_keep_mask(weights.shape, self.dropout_rate, rng)
-        scale = 1.0
-        if keep is not None:
-            weights = jnp.where(keep, weights, 0).astype(self.dtype)
-            scale = keep_scale(self.dropout_rate)
-        ctx_BxLxHxK = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-        denom_BxLxHx1 = jnp.transpose(total_BxHxL, (0, 2, 1))[..., None]
-        ctx = ctx_BxLxHxK.astype(denom_BxLxHx1.dtype) * (scale / denom_BxLxHx1)
-        return ctx.astype(self.dtype)

@@ -17,9 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from mlperf.layers.dropout import dropout
+from mlperf.layers.attention_core import CPU_BLOCK_BYTES, attention_context
 from mlperf.layers.linear import DenseGeneral
-from mlperf.layers.softmax import softmax
 from parallel.partition import constrain
 
 Cache = dict[str, jax.Array]
@@ -49,6 +48,7 @@ class MultiHeadAttention(nnx.Module):
         rngs: nnx.Rngs,
         dropout_rate: float = 0.0,
         dtype: jnp.dtype = jnp.float32,
+        cpu_block_bytes: int = CPU_BLOCK_BYTES,
     ):
         if dim % num_heads:
             raise ValueError(f"model dim {dim} is not divisible by num_heads {num_heads}.")
@@ -56,6 +56,7 @@ class MultiHeadAttention(nnx.Module):
         self.head_dim = dim // num_heads
         self.dropout_rate = dropout_rate
         self.dtype = dtype
+        self.cpu_block_bytes = cpu_block_bytes
 
         def proj():
             return DenseGeneral(
@@ -94,13 +95,18 @@ class MultiHeadAttention(nnx.Module):
         """Attention of queries from x_q [B,Q,E] over projected k, v; mask bool [B|1,1,Q,K]."""
         q = constrain(self.query(x_q), ("batch", "length", "heads", "kv"))
         q = q / jnp.sqrt(self.head_dim).astype(q.dtype)
-        scores_BxHxQxK = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        if mask is not None:
-            scores_BxHxQxK = jnp.where(mask, scores_BxHxQxK, -1e9)
-        probs = softmax(scores_BxHxQxK).astype(self.dtype)
-        if rng is not None:
-            probs = dropout(probs, self.dropout_rate, rng)
-        ctx_BxQxHxD = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        if mask is None:
+            mask = jnp.ones((1, 1, 1, 1), bool)
+        ctx_BxQxHxD = attention_context(
+            q,
+            k,
+            v,
+            mask,
+            rng,
+            dropout_rate=self.dropout_rate,
+            dtype=self.dtype,
+            block_bytes=self.cpu_block_bytes,
+        )
         ctx_BxQxHxD = constrain(ctx_BxQxHxD, ("batch", "length", "heads", "kv"))
         return self.out(ctx_BxQxHxD)
 

@@ -49,41 +49,65 @@ def keep_scale(rate: float) -> float:
     return _LEVELS / (_LEVELS - drop_threshold(rate))
 
 
-def _words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+# `rows=(count, index)`: the words are rows index, index + count, index + 2 count, ... of
+# the words of a tensor `count` times as long on axis 0, and equal to those rows of it.
+Rows = tuple[int, int]
+_ALL_ROWS: Rows = (1, 0)
+
+
+def _full_shape(shape: tuple[int, ...], rows: Rows) -> tuple[int, ...]:
+    count, index = rows
+    if not 0 <= index < count or (count > 1 and not shape):
+        raise ValueError(f"rows {rows} do not select every count-th row of a tensor")
+    return (shape[0] * count, *shape[1:]) if count > 1 else shape
+
+
+def _words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> jax.Array:
     """Uniform 16-bit words (as uint32) of `shape`: four per threefry block on CPU, one
     per 32-bit word on every other platform."""
     return lax.platform_dependent(
         rng,
-        cpu=functools.partial(_packed_words16, shape=shape),
-        default=functools.partial(_element_words16, shape=shape),
+        cpu=functools.partial(_packed_words16, shape=shape, rows=rows),
+        default=functools.partial(_element_words16, shape=shape, rows=rows),
     )
 
 
-def _element_words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def _element_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> jax.Array:
     """The high 16 bits of one 32-bit word per element."""
-    return jax.random.bits(rng, shape, jnp.uint32) >> 16
+    words = jax.random.bits(rng, _full_shape(shape, rows), jnp.uint32) >> 16
+    count, index = rows
+    if count == 1:
+        return words
+    return words.reshape(shape[0], count, *shape[1:])[:, index]
 
 
-def _packed_words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+def _packed_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> jax.Array:
     """Uniform 16-bit words (as uint32) of `shape`, four per threefry block."""
+    full = _full_shape(shape, rows)
     *lead, last = shape if shape else (1,)
     blocks = -(-last // 4)
-    if str(jax.random.key_impl(rng)) == "threefry2x32" and math.prod(lead) < 2**32:
+    if str(jax.random.key_impl(rng)) == "threefry2x32" and math.prod(full[:-1]) < 2**32:
         key = jax.random.key_data(rng)
         counter_shape = (*lead, blocks)
-        # Block (i, j): i the flat index over the leading axes, j the block along the last.
+        # Block (i, j): i the flat index over the full tensor's leading axes, j the block
+        # along the last; axis 0 counts the selected rows of the full tensor.
         row = jnp.zeros(counter_shape, jnp.uint32)
         stride = 1
         for axis in reversed(range(len(lead))):
-            row = row + lax.broadcasted_iota(jnp.uint32, counter_shape, axis) * np.uint32(stride)
-            stride *= lead[axis]
+            position = lax.broadcasted_iota(jnp.uint32, counter_shape, axis)
+            if axis == 0 and rows != _ALL_ROWS:
+                position = position * np.uint32(rows[0]) + np.uint32(rows[1])
+            row = row + position * np.uint32(stride)
+            stride *= full[axis]
         column = lax.broadcasted_iota(jnp.uint32, counter_shape, len(lead))
         hi, lo = threefry2x32_p.bind(key[0], key[1], row, column)
         halves = [hi & 0xFFFF, hi >> 16, lo & 0xFFFF, lo >> 16]
     else:
         # Another key implementation (rbg), or more rows than a 32-bit counter holds:
         # the implementation's own 32-bit words, two decisions each.
-        words = jax.random.bits(rng, (*lead, 2 * blocks), jnp.uint32)
+        words = jax.random.bits(rng, (*full[:-1], 2 * blocks), jnp.uint32)
+        if rows != _ALL_ROWS:
+            words = words.reshape(lead[0], rows[0], *lead[1:], 2 * blocks)[:, rows[1]]
         halves = [words & 0xFFFF, words >> 16]
     packed = jnp.concatenate(halves, axis=-1)
     if packed.shape[-1] != last:
@@ -94,13 +118,17 @@ def _packed_words16(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 
 def dropout_keep_mask(
-    shape: tuple[int, ...], rate: float, rng: jax.Array | None
+    shape: tuple[int, ...], rate: float, rng: jax.Array | None, rows: Rows = _ALL_ROWS
 ) -> jax.Array | None:
     """The elements dropout keeps (True) for `rng`; None when nothing is dropped (eval or
-    rate 0). One draw for every dropout form, so their masks agree for the same key."""
+    rate 0). One draw for every dropout form, so their masks agree for the same key.
+
+    `rows=(count, index)` gives rows index, index + count, ... of the mask of a tensor
+    `count` times as long on axis 0, bit for bit: a computation split into interleaved
+    row blocks (`attention_core`) drops what the whole one would."""
     if rng is None or rate == 0.0:
         return None
-    return _words16(rng, tuple(shape)) >= np.uint32(drop_threshold(rate))
+    return _words16(rng, tuple(shape), rows) >= np.uint32(drop_threshold(rate))
 
 
 def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mlperf.layers.attention_core import CPU_BLOCK_BYTES
 from mlperf.layers.cached_attention import (
     Cache,
     MultiHeadAttention,
@@ -40,6 +41,9 @@ class TransformerConfig:
     mlp_dim: int = 4096
     dropout_rate: float = 0.1
     attention_dropout_rate: float = 0.1
+    # On CPU the attention core runs in blocks of examples whose scores fit this many
+    # bytes (`attention_core`); 0 keeps it whole. Other platforms ignore it.
+    attention_cpu_block_bytes: int = CPU_BLOCK_BYTES
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
 
@@ -74,6 +78,7 @@ class EncoderLayer(nnx.Module):
             rngs=rngs,
             dropout_rate=cfg.attention_dropout_rate,
             dtype=dt,
+            cpu_block_bytes=cfg.attention_cpu_block_bytes,
         )
         self.norm2 = LayerNorm(cfg.emb_dim, rngs=rngs, eps=1e-6, dtype=dt)
         self.mlp = MlpBlock(cfg.emb_dim, cfg.mlp_dim, rngs=rngs, activation="relu", dtype=dt)
@@ -99,6 +104,7 @@ class DecoderLayer(nnx.Module):
                 rngs=rngs,
                 dropout_rate=cfg.attention_dropout_rate,
                 dtype=dt,
+                cpu_block_bytes=cfg.attention_cpu_block_bytes,
             )
 
         self.norm1 = LayerNorm(cfg.emb_dim, rngs=rngs, eps=1e-6, dtype=dt)
