@@ -163,6 +163,9 @@ def test_the_block_count_follows_one_devices_share(devices):
         # One device holds [8, 2, 64, 64]: 256 KiB, whole within 512 KiB.
         assert cpu_block_count(*args, block_bytes=512 * 1024) == 1
         assert cpu_block_count(*args, block_bytes=128 * 1024) == 2
+        # 18 examples over 4 data shards: 4 a device; 4 blocks would not divide the 18.
+        assert cpu_block_count(18, 4, 64, 64, 4, block_bytes=64 * 1024) == 2
+        assert cpu_block_count(18, 4, 64, 64, 4, block_bytes=32 * 1024) == 1
     assert shard_count("batch") == 1  # no active partitioner
 
 
