@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from mlperf.layers.dropout import Rows, dropout_keep_mask, keep_scale
+from mlperf.layers.dropout import ALL_ROWS, Rows, dropout, dropout_keep_mask, keep_scale
 from mlperf.layers.softmax import softmax
 from parallel.partition import constrain, shard_count
 
@@ -90,15 +90,16 @@ def attention_context(
     count = cpu_block_count(
         batch, heads, queries, k_BxKxHxD.shape[1], jnp.dtype(softmax_dtype).itemsize, block_bytes
     )
-    operands = (q_BxQxHxD, k_BxKxHxD, v_BxKxHxD, mask) + (() if rng is None else (rng,))
     if count == 1:
-        return core(*operands[:4], operands[4] if rng is not None else None)
+        return core(q_BxQxHxD, k_BxKxHxD, v_BxKxHxD, mask, rng)
+    # platform_dependent takes arrays only: the key travels as a fifth operand if any.
+    operands = (q_BxQxHxD, k_BxKxHxD, v_BxKxHxD, mask) + (() if rng is None else (rng,))
 
-    def whole(*args):
-        return core(*args[:4], args[4] if rng is not None else None)
+    def whole(q, k, v, mask, rng=None):
+        return core(q, k, v, mask, rng)
 
-    def in_blocks(*args):
-        return _in_blocks(core, count, *args[:4], args[4] if rng is not None else None)
+    def in_blocks(q, k, v, mask, rng=None):
+        return _in_blocks(core, count, q, k, v, mask, rng)
 
     return lax.platform_dependent(*operands, cpu=in_blocks, default=whole)
 
@@ -131,15 +132,13 @@ def _core(
     softmax_dtype: jnp.dtype,
     additive_mask: bool,
     normalize_after_values: bool,
-    rows: Rows = (1, 0),
+    rows: Rows = ALL_ROWS,
 ) -> jax.Array:
     scores_BxHxQxK = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(softmax_dtype)
     if additive_mask:
         scores_BxHxQxK = scores_BxHxQxK + mask.astype(softmax_dtype)
     else:
         scores_BxHxQxK = jnp.where(mask, scores_BxHxQxK, -1e9).astype(softmax_dtype)
-    keep = dropout_keep_mask(scores_BxHxQxK.shape, dropout_rate, rng, rows)
-    scale = 1.0 if keep is None else keep_scale(dropout_rate)
     if normalize_after_values:
         # The max only keeps exp in range; its gradient cancels, so none flows through it.
         top = lax.stop_gradient(jnp.max(scores_BxHxQxK, axis=-1, keepdims=True))
@@ -147,13 +146,14 @@ def _core(
         total_BxHxQ = jnp.sum(unnormalized, axis=-1)
         weights = unnormalized.astype(dtype)
         # dropout's 1 / (1 - rate) scaling moves to the result with the division by the sum.
+        keep = dropout_keep_mask(scores_BxHxQxK.shape, dropout_rate, rng, rows)
+        scale = 1.0
         if keep is not None:
             weights = jnp.where(keep, weights, 0).astype(dtype)
+            scale = keep_scale(dropout_rate)
         ctx_BxQxHxD = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
         denom_BxQxHx1 = jnp.transpose(total_BxHxQ, (0, 2, 1))[..., None]
         ctx = ctx_BxQxHxD.astype(denom_BxQxHx1.dtype) * (scale / denom_BxQxHx1)
         return ctx.astype(dtype)
-    probs = softmax(scores_BxHxQxK).astype(dtype)
-    if keep is not None:
-        probs = jnp.where(keep, probs * scale, 0).astype(dtype)
+    probs = dropout(softmax(scores_BxHxQxK).astype(dtype), dropout_rate, rng, rows)
     return jnp.einsum("bhqk,bkhd->bqhd", probs, v)

@@ -52,7 +52,7 @@ def keep_scale(rate: float) -> float:
 # `rows=(count, index)`: the words are rows index, index + count, index + 2 count, ... of
 # the words of a tensor `count` times as long on axis 0, and equal to those rows of it.
 Rows = tuple[int, int]
-_ALL_ROWS: Rows = (1, 0)
+ALL_ROWS: Rows = (1, 0)
 
 
 def _full_shape(shape: tuple[int, ...], rows: Rows) -> tuple[int, ...]:
@@ -62,7 +62,7 @@ def _full_shape(shape: tuple[int, ...], rows: Rows) -> tuple[int, ...]:
     return (shape[0] * count, *shape[1:]) if count > 1 else shape
 
 
-def _words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> jax.Array:
+def _words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = ALL_ROWS) -> jax.Array:
     """Uniform 16-bit words (as uint32) of `shape`: four per threefry block on CPU, one
     per 32-bit word on every other platform."""
     return lax.platform_dependent(
@@ -72,7 +72,7 @@ def _words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> 
     )
 
 
-def _element_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> jax.Array:
+def _element_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = ALL_ROWS) -> jax.Array:
     """The high 16 bits of one 32-bit word per element."""
     words = jax.random.bits(rng, _full_shape(shape, rows), jnp.uint32) >> 16
     count, index = rows
@@ -81,7 +81,7 @@ def _element_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_R
     return words.reshape(shape[0], count, *shape[1:])[:, index]
 
 
-def _packed_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_ROWS) -> jax.Array:
+def _packed_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = ALL_ROWS) -> jax.Array:
     """Uniform 16-bit words (as uint32) of `shape`, four per threefry block."""
     full = _full_shape(shape, rows)
     *lead, last = shape if shape else (1,)
@@ -95,7 +95,7 @@ def _packed_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_RO
         stride = 1
         for axis in reversed(range(len(lead))):
             position = lax.broadcasted_iota(jnp.uint32, counter_shape, axis)
-            if axis == 0 and rows != _ALL_ROWS:
+            if axis == 0 and rows != ALL_ROWS:
                 position = position * np.uint32(rows[0]) + np.uint32(rows[1])
             row = row + position * np.uint32(stride)
             stride *= full[axis]
@@ -106,7 +106,7 @@ def _packed_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_RO
         # Another key implementation (rbg), or more rows than a 32-bit counter holds:
         # the implementation's own 32-bit words, two decisions each.
         words = jax.random.bits(rng, (*full[:-1], 2 * blocks), jnp.uint32)
-        if rows != _ALL_ROWS:
+        if rows != ALL_ROWS:
             words = words.reshape(lead[0], rows[0], *lead[1:], 2 * blocks)[:, rows[1]]
         halves = [words & 0xFFFF, words >> 16]
     packed = jnp.concatenate(halves, axis=-1)
@@ -118,7 +118,7 @@ def _packed_words16(rng: jax.Array, shape: tuple[int, ...], rows: Rows = _ALL_RO
 
 
 def dropout_keep_mask(
-    shape: tuple[int, ...], rate: float, rng: jax.Array | None, rows: Rows = _ALL_ROWS
+    shape: tuple[int, ...], rate: float, rng: jax.Array | None, rows: Rows = ALL_ROWS
 ) -> jax.Array | None:
     """The elements dropout keeps (True) for `rng`; None when nothing is dropped (eval or
     rate 0). One draw for every dropout form, so their masks agree for the same key.
@@ -131,9 +131,10 @@ def dropout_keep_mask(
     return _words16(rng, tuple(shape), rows) >= np.uint32(drop_threshold(rate))
 
 
-def dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
-    """Inverted dropout; identity when `rng` is None (eval) or rate is 0."""
-    keep = dropout_keep_mask(x.shape, rate, rng)
+def dropout(x: jax.Array, rate: float, rng: jax.Array | None, rows: Rows = ALL_ROWS) -> jax.Array:
+    """Inverted dropout; identity when `rng` is None (eval) or rate is 0. `rows` as in
+    `dropout_keep_mask`."""
+    keep = dropout_keep_mask(x.shape, rate, rng, rows)
     if keep is None:
         return x
     return jnp.where(keep, x * keep_scale(rate), 0).astype(x.dtype)
