@@ -11,6 +11,7 @@
     python -m launch.bench xent [--xent_shapes 320x2048,640x30522] [--xent_smoothing 0.1]
                                 [--xent_bias]
     python -m launch.bench eval --config configs/bert.py:wikitext [--eval_chunks 1,32]
+    python -m launch.bench kernels [--kernel_rows 512,2048,8192] [--peer_threads 1]
     python -m launch.bench variants --config configs/bert.py:wikitext
                                     --change model.remat=True [--change K=V,K=V]
                                     [--steps 20] [--rounds 5]
@@ -71,7 +72,10 @@ _ROUNDS = flags.DEFINE_integer(
 )
 _PEER_STEPS = flags.DEFINE_integer("peer_steps", 3, "peers: train steps per side per round.")
 _PEER_THREADS = flags.DEFINE_integer(
-    "peer_threads", 0, "peers: CPU threads for both sides (0: each library's default)."
+    "peer_threads", 0, "peers, kernels: CPU threads for both sides (0: each library's default)."
+)
+_KERNEL_ROWS = flags.DEFINE_list(
+    "kernel_rows", ["512", "2048", "8192"], "kernels: rows of the [rows, 64] activations."
 )
 _PEER_LAST_ROWS = flags.DEFINE_bool(
     "peer_last_layer_rows",
@@ -272,6 +276,29 @@ def peers_main() -> None:
     print(json.dumps(rows, indent=2) if _JSON.value else bench_peers.table(rows))
 
 
+def kernels_main() -> None:
+    """`python -m launch.bench kernels`: see launch/bench_kernels.py."""
+    from launch import bench_kernels, bench_peers
+
+    bench_peers.one_cpu_device()  # before jax starts its backend
+    keep_host_memory(default=True)  # as peers: both libraries' buffers come and go each call
+    if _PEER_THREADS.value:
+        bench_peers.limit_threads(_PEER_THREADS.value)  # before jax starts its backend
+    try:
+        rows = [int(r) for r in _KERNEL_ROWS.value]
+    except ValueError:
+        rows = []
+    if not rows or any(r < 1 or r % bench_kernels.SEQUENCE for r in rows):
+        usage_error(
+            f"kernels: --kernel_rows={','.join(_KERNEL_ROWS.value)}: give positive multiples "
+            f"of {bench_kernels.SEQUENCE} (sentences of {bench_kernels.SEQUENCE} tokens), "
+            "e.g. 512,2048"
+        )
+    result = bench_kernels.measure(rows)
+    threads = str(_PEER_THREADS.value) if _PEER_THREADS.value else "default"
+    print(json.dumps(result, indent=2) if _JSON.value else bench_kernels.table(result, threads))
+
+
 def startup_main() -> None:
     """`python -m launch.bench startup`: see launch/bench_startup.py."""
     from launch import bench_startup
@@ -341,7 +368,7 @@ def variants_main() -> None:
 
 
 def main(argv: list[str]) -> None:
-    if argv[1:] != ["peers"]:
+    if argv[1:] not in (["peers"], ["kernels"]):
         keep_host_memory()  # when MULTIPOD_KEEP_HOST_MEMORY=1; before jax starts its backend
     if argv[1:] == ["collectives"]:
         return collectives_main()
@@ -367,10 +394,12 @@ def main(argv: list[str]) -> None:
         return eval_main()
     if argv[1:] == ["variants"]:
         return variants_main()
+    if argv[1:] == ["kernels"]:
+        return kernels_main()
     if len(argv) > 1:
         raise app.UsageError(
             f"unexpected arguments: {argv[1:]}; the subcommands are 'collectives', 'peers', "
-            "'tpu', 'startup', 'xent', 'eval' and 'variants'"
+            "'tpu', 'startup', 'xent', 'eval', 'variants' and 'kernels'"
         )
     config = _CONFIG.value
     if config is None:

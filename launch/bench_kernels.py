@@ -1,0 +1,188 @@
+"""The small row-wise kernels of a tiny model's step, JAX against torch, on this process's
+threads.
+
+    python -m launch.bench kernels [--kernel_rows 512,2048,8192] [--peer_threads 1]
+
+Each kernel runs on `[rows, 64]` float32 activations (the Transformer tiny width; 2,048
+rows is its batch of 32 sentences of 64 tokens): the attention's softmax over the last
+axis, a bias and ReLU, a product with a `[64, 64]` weight, and the attention's two
+batched products (the rows as sentences of 64 tokens with 4 heads of 16: scores
+`bqhd,bkhd->bhqk`, scaled, then context `bhqk,bkhd->bqhd`, with the activations as
+queries, keys and values). A chain of `CHAIN`
+dependent applications is timed on each side, JAX as one compiled program (an
+optimization barrier after each application keeps them apart, as the ops of a step are)
+and torch eagerly, so neither side's per-call dispatch is what is measured; the table
+gives microseconds per application and the ratio torch / JAX (above 1: JAX is faster).
+Run it with `--peer_threads 1` and without (each library's default threading) to see
+what the second core buys each library at these sizes: the thread count is fixed when
+JAX's backend starts, so the two settings are two processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from launch.markdown import markdown_table
+
+WIDTH = 64
+CHAIN = 50
+HEADS = 4
+SEQUENCE = 64
+KERNELS = ("softmax", "bias_relu", "matmul_64x64", "attention_products")
+
+
+@dataclasses.dataclass(frozen=True)
+class Operands:
+    """One kernel's input and weights, as numpy arrays both sides start from."""
+
+    x: np.ndarray
+    bias: np.ndarray
+    weight: np.ndarray
+
+
+def operands(rows: int, seed: int = 0) -> Operands:
+    """Random activations, a zero bias (so a ReLU chain keeps its values) and an orthogonal
+    weight (so a product chain keeps its norms)."""
+    rng = np.random.default_rng(seed)
+    weight, _ = np.linalg.qr(rng.standard_normal((WIDTH, WIDTH)))
+    return Operands(
+        rng.standard_normal((rows, WIDTH)).astype(np.float32),
+        np.zeros(WIDTH, np.float32),
+        weight.astype(np.float32),
+    )
+
+
+def jax_chain(kernel: str, chain: int) -> Callable[..., Any]:
+    """A compiled chain of `chain` applications of `kernel`: f(x, bias, weight) -> x."""
+    import jax
+    import jax.numpy as jnp
+
+    apply = {
+        "softmax": lambda x, b, w: jax.nn.softmax(x, axis=-1),
+        "bias_relu": lambda x, b, w: jnp.maximum(x + b, 0.0),
+        "matmul_64x64": lambda x, b, w: x @ w,
+        "attention_products": lambda x, b, w: _jax_attention_products(x),
+    }[kernel]
+
+    def run(x, b, w):
+        for _ in range(chain):
+            x = jax.lax.optimization_barrier(apply(x, b, w))
+        return x
+
+    return jax.jit(run)
+
+
+def _heads_shape(rows: int) -> tuple[int, int, int, int]:
+    """[rows, 64] as [sentences, tokens, heads, head width]."""
+    if rows % SEQUENCE:
+        raise ValueError(f"attention_products: {rows} rows are not sentences of {SEQUENCE}")
+    return rows // SEQUENCE, SEQUENCE, HEADS, WIDTH // HEADS
+
+
+def _jax_attention_products(x):
+    import jax.numpy as jnp
+
+    q = x.reshape(_heads_shape(x.shape[0]))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, q) * (1.0 / SEQUENCE)
+    return jnp.einsum("bhqk,bkhd->bqhd", scores, q).reshape(x.shape)
+
+
+def _torch_attention_products(x):
+    import torch
+
+    q = x.reshape(_heads_shape(x.shape[0]))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, q) * (1.0 / SEQUENCE)
+    return torch.einsum("bhqk,bkhd->bqhd", scores, q).reshape(x.shape)
+
+
+def torch_chain(kernel: str, chain: int) -> Callable[..., Any]:
+    """The same chain in eager torch: f(x, bias, weight) -> x."""
+    import torch
+
+    apply = {
+        "softmax": lambda x, b, w: torch.softmax(x, dim=-1),
+        "bias_relu": lambda x, b, w: torch.relu(x + b),
+        "matmul_64x64": lambda x, b, w: x @ w,
+        "attention_products": lambda x, b, w: _torch_attention_products(x),
+    }[kernel]
+
+    def run(x, b, w):
+        with torch.inference_mode():
+            for _ in range(chain):
+                x = apply(x, b, w)
+        return x
+
+    return run
+
+
+def _median_seconds(call: Callable[[], Any], calls: int, repeats: int) -> float:
+    call()  # warm-up (and JAX's compile)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = call()
+        if hasattr(out, "block_until_ready"):
+            out.block_until_ready()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def measure(
+    rows: Sequence[int],
+    kernels: Sequence[str] = KERNELS,
+    chain: int = CHAIN,
+    calls: int = 10,
+    repeats: int = 7,
+) -> list[dict[str, Any]]:
+    """One row per (kernel, rows): microseconds per application on each side, their ratio,
+    and the largest difference between the two sides' chain outputs."""
+    import jax.numpy as jnp
+    import torch
+
+    out = []
+    for n in rows:
+        ops = operands(n)
+        jx = [jnp.asarray(a) for a in (ops.x, ops.bias, ops.weight)]
+        tx = [torch.from_numpy(a.copy()) for a in (ops.x, ops.bias, ops.weight)]
+        for kernel in kernels:
+            jf, tf = jax_chain(kernel, chain), torch_chain(kernel, chain)
+            jax_s = _median_seconds(functools.partial(jf, *jx), calls, repeats)
+            torch_s = _median_seconds(functools.partial(tf, *tx), calls, repeats)
+            diff = float(np.max(np.abs(np.asarray(jf(*jx)) - tf(*tx).numpy())))
+            out.append(
+                {
+                    "kernel": kernel,
+                    "shape": [n, WIDTH],
+                    "jax_us": 1e6 * jax_s / chain,
+                    "torch_us": 1e6 * torch_s / chain,
+                    "torch_over_jax": torch_s / jax_s,
+                    "max_abs_diff": diff,
+                }
+            )
+    return out
+
+
+def table(rows: list[dict[str, Any]], threads: str) -> str:
+    """The rows as a markdown table; `threads` labels the setting they ran under."""
+    return markdown_table(
+        ["kernel", "shape", "threads", "JAX us", "torch us", "torch / JAX"],
+        [
+            [
+                r["kernel"],
+                "x".join(str(d) for d in r["shape"]),
+                threads,
+                f"{r['jax_us']:.1f}",
+                f"{r['torch_us']:.1f}",
+                f"{r['torch_over_jax']:.2f}x",
+            ]
+            for r in rows
+        ],
+    )

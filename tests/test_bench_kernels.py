@@ -1,0 +1,52 @@
+"""launch.bench kernels: both sides compute the same chains; the table and the CLI's checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from launch import bench_kernels as bk
+
+
+def test_each_kernel_computes_the_same_chain_on_both_sides():
+    rows = bk.measure([128], chain=3, calls=1, repeats=1)
+    assert [r["kernel"] for r in rows] == list(bk.KERNELS)
+    for r in rows:
+        assert r["shape"] == [128, bk.WIDTH]
+        assert r["jax_us"] > 0 and r["torch_us"] > 0
+        assert r["torch_over_jax"] == pytest.approx(r["torch_us"] / r["jax_us"])
+        assert r["max_abs_diff"] < 1e-4, r  # the same function, up to float rounding
+    table = bk.table(rows, "1")
+    assert table.count("| 128x64 | 1 |") == len(bk.KERNELS)
+
+
+def test_a_chain_applies_its_kernel_chain_times():
+    import jax
+
+    ops = bk.operands(64)
+    once = np.asarray(bk.jax_chain("softmax", 1)(ops.x, ops.bias, ops.weight))
+    np.testing.assert_allclose(once, np.asarray(jax.nn.softmax(ops.x, axis=-1)), rtol=1e-6)
+    twice = np.asarray(bk.jax_chain("softmax", 2)(ops.x, ops.bias, ops.weight))
+    np.testing.assert_allclose(twice, np.asarray(jax.nn.softmax(once, axis=-1)), rtol=1e-6)
+    # The weight is orthogonal: a product chain keeps every row's norm.
+    prod = np.asarray(bk.jax_chain("matmul_64x64", 5)(ops.x, ops.bias, ops.weight))
+    np.testing.assert_allclose(
+        np.linalg.norm(prod, axis=1), np.linalg.norm(ops.x, axis=1), rtol=1e-4
+    )
+
+
+def test_rows_that_are_not_whole_sentences_are_refused():
+    with pytest.raises(ValueError, match="100 rows are not sentences of 64"):
+        bk.measure([100], kernels=["attention_products"], chain=1, calls=1, repeats=1)
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.bench", "kernels", "--kernel_rows", "512,100"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "give positive multiples of 64" in out.stderr
+    assert "Traceback" not in out.stderr
