@@ -6,13 +6,15 @@ threads.
 Each kernel runs on `[rows, 64]` float32 activations (the Transformer tiny width; 2,048
 rows is its batch of 32 sentences of 64 tokens): the attention's softmax over the last
 axis, a bias and ReLU, a product with a `[64, 64]` weight, and the attention's two
-batched products (the rows as sentences of 64 tokens with 4 heads of 16: scores
-`bqhd,bkhd->bhqk`, scaled, then context `bhqk,bkhd->bqhd`, with the activations as
-queries, keys and values). A chain of `CHAIN`
-dependent applications is timed on each side, JAX as one compiled program (an
-optimization barrier after each application keeps them apart, as the ops of a step are)
-and torch eagerly, so neither side's per-call dispatch is what is measured; the table
-gives microseconds per application and the ratio torch / JAX (above 1: JAX is faster).
+batched products (the rows as sentences of 64 tokens with 4 heads of 16, as queries:
+scores `bqhd,bkhd->bhqk`, then context `bhqk,bkhd->bqhd`, against keys that are also the
+values). A chain of `CHAIN` dependent applications is timed on each side, JAX as one
+compiled program (an optimization barrier after each application keeps them apart, as
+the ops of a step are) and torch eagerly, so neither side's per-call dispatch is what is
+measured; the table gives microseconds per application and the ratio torch / JAX (above
+1: JAX is faster). Every chain keeps its values' scale (no overflow, no denormals): the
+bias is zero, the weight orthogonal, and each sentence's and head's keys have orthonormal
+columns, so the attention products return their queries.
 Run it with `--peer_threads 1` and without (each library's default threading) to see
 what the second core buys each library at these sizes: the thread count is fixed when
 JAX's backend starts, so the two settings are two processes.
@@ -45,35 +47,44 @@ class Operands:
     x: np.ndarray
     bias: np.ndarray
     weight: np.ndarray
+    keys: np.ndarray  # [sentences, tokens, heads, head width]; empty unless whole sentences
 
 
 def operands(rows: int, seed: int = 0) -> Operands:
-    """Random activations, a zero bias (so a ReLU chain keeps its values) and an orthogonal
-    weight (so a product chain keeps its norms)."""
+    """Random activations, a zero bias (so a ReLU chain keeps its values), an orthogonal
+    weight (so a product chain keeps its norms) and keys with orthonormal columns per
+    sentence and head (so the attention products give back their queries)."""
     rng = np.random.default_rng(seed)
     weight, _ = np.linalg.qr(rng.standard_normal((WIDTH, WIDTH)))
+    keys = np.zeros((0, SEQUENCE, HEADS, WIDTH // HEADS), np.float32)
+    if rows % SEQUENCE == 0:
+        sentences = rows // SEQUENCE
+        # [sentences, heads, tokens, head width], orthonormal over the tokens.
+        columns, _ = np.linalg.qr(rng.standard_normal((sentences, HEADS, SEQUENCE, WIDTH // HEADS)))
+        keys = columns.transpose(0, 2, 1, 3).astype(np.float32)
     return Operands(
         rng.standard_normal((rows, WIDTH)).astype(np.float32),
         np.zeros(WIDTH, np.float32),
         weight.astype(np.float32),
+        keys,
     )
 
 
 def jax_chain(kernel: str, chain: int) -> Callable[..., Any]:
-    """A compiled chain of `chain` applications of `kernel`: f(x, bias, weight) -> x."""
+    """A compiled chain of `chain` applications of `kernel`: f(x, bias, weight, keys) -> x."""
     import jax
     import jax.numpy as jnp
 
     apply = {
-        "softmax": lambda x, b, w: jax.nn.softmax(x, axis=-1),
-        "bias_relu": lambda x, b, w: jnp.maximum(x + b, 0.0),
-        "matmul_64x64": lambda x, b, w: x @ w,
-        "attention_products": lambda x, b, w: _jax_attention_products(x),
+        "softmax": lambda x, b, w, k: jax.nn.softmax(x, axis=-1),
+        "bias_relu": lambda x, b, w, k: jnp.maximum(x + b, 0.0),
+        "matmul_64x64": lambda x, b, w, k: x @ w,
+        "attention_products": _jax_attention_products,
     }[kernel]
 
-    def run(x, b, w):
+    def run(x, b, w, k):
         for _ in range(chain):
-            x = jax.lax.optimization_barrier(apply(x, b, w))
+            x = jax.lax.optimization_barrier(apply(x, b, w, k))
         return x
 
     return jax.jit(run)
@@ -86,37 +97,37 @@ def _heads_shape(rows: int) -> tuple[int, int, int, int]:
     return rows // SEQUENCE, SEQUENCE, HEADS, WIDTH // HEADS
 
 
-def _jax_attention_products(x):
+def _jax_attention_products(x, bias, weight, keys):
     import jax.numpy as jnp
 
     q = x.reshape(_heads_shape(x.shape[0]))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, q) * (1.0 / SEQUENCE)
-    return jnp.einsum("bhqk,bkhd->bqhd", scores, q).reshape(x.shape)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys)
+    return jnp.einsum("bhqk,bkhd->bqhd", scores, keys).reshape(x.shape)
 
 
-def _torch_attention_products(x):
+def _torch_attention_products(x, bias, weight, keys):
     import torch
 
     q = x.reshape(_heads_shape(x.shape[0]))
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, q) * (1.0 / SEQUENCE)
-    return torch.einsum("bhqk,bkhd->bqhd", scores, q).reshape(x.shape)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, keys)
+    return torch.einsum("bhqk,bkhd->bqhd", scores, keys).reshape(x.shape)
 
 
 def torch_chain(kernel: str, chain: int) -> Callable[..., Any]:
-    """The same chain in eager torch: f(x, bias, weight) -> x."""
+    """The same chain in eager torch: f(x, bias, weight, keys) -> x."""
     import torch
 
     apply = {
-        "softmax": lambda x, b, w: torch.softmax(x, dim=-1),
-        "bias_relu": lambda x, b, w: torch.relu(x + b),
-        "matmul_64x64": lambda x, b, w: x @ w,
-        "attention_products": lambda x, b, w: _torch_attention_products(x),
+        "softmax": lambda x, b, w, k: torch.softmax(x, dim=-1),
+        "bias_relu": lambda x, b, w, k: torch.relu(x + b),
+        "matmul_64x64": lambda x, b, w, k: x @ w,
+        "attention_products": _torch_attention_products,
     }[kernel]
 
-    def run(x, b, w):
+    def run(x, b, w, k):
         with torch.inference_mode():
             for _ in range(chain):
-                x = apply(x, b, w)
+                x = apply(x, b, w, k)
         return x
 
     return run
@@ -150,8 +161,9 @@ def measure(
     out = []
     for n in rows:
         ops = operands(n)
-        jx = [jnp.asarray(a) for a in (ops.x, ops.bias, ops.weight)]
-        tx = [torch.from_numpy(a.copy()) for a in (ops.x, ops.bias, ops.weight)]
+        arrays = (ops.x, ops.bias, ops.weight, ops.keys)
+        jx = [jnp.asarray(a) for a in arrays]
+        tx = [torch.from_numpy(a.copy()) for a in arrays]
         for kernel in kernels:
             jf, tf = jax_chain(kernel, chain), torch_chain(kernel, chain)
             jax_s = _median_seconds(functools.partial(jf, *jx), calls, repeats)

@@ -27,15 +27,31 @@ def test_a_chain_applies_its_kernel_chain_times():
     import jax
 
     ops = bk.operands(64)
-    once = np.asarray(bk.jax_chain("softmax", 1)(ops.x, ops.bias, ops.weight))
+    args = (ops.x, ops.bias, ops.weight, ops.keys)
+    once = np.asarray(bk.jax_chain("softmax", 1)(*args))
     np.testing.assert_allclose(once, np.asarray(jax.nn.softmax(ops.x, axis=-1)), rtol=1e-6)
-    twice = np.asarray(bk.jax_chain("softmax", 2)(ops.x, ops.bias, ops.weight))
-    np.testing.assert_allclose(twice, np.asarray(jax.nn.softmax(once, axis=-1)), rtol=1e-6)
+    twice = np.asarray(bk.jax_chain("softmax", 2)(once, *args[1:]))
+    np.testing.assert_allclose(twice, np.asarray(bk.jax_chain("softmax", 3)(*args)), rtol=1e-6)
     # The weight is orthogonal: a product chain keeps every row's norm.
-    prod = np.asarray(bk.jax_chain("matmul_64x64", 5)(ops.x, ops.bias, ops.weight))
+    prod = np.asarray(bk.jax_chain("matmul_64x64", 5)(*args))
     np.testing.assert_allclose(
         np.linalg.norm(prod, axis=1), np.linalg.norm(ops.x, axis=1), rtol=1e-4
     )
+    # The keys have orthonormal columns: the attention products give back their queries.
+    attended = np.asarray(bk.jax_chain("attention_products", 5)(*args))
+    np.testing.assert_allclose(attended, ops.x, atol=1e-4)
+
+
+def test_every_chain_keeps_its_scale_over_the_benchmarks_length():
+    """No chain overflows or sinks to denormals over CHAIN applications (either would time
+    something else than the kernel)."""
+    ops = bk.operands(128)
+    args = (ops.x, ops.bias, ops.weight, ops.keys)
+    for kernel in bk.KERNELS:
+        out = np.asarray(bk.jax_chain(kernel, bk.CHAIN)(*args))
+        assert np.isfinite(out).all(), kernel
+        nonzero = np.abs(out[out != 0])
+        assert nonzero.max() < 1e3 and np.median(nonzero) > 1e-3, kernel
 
 
 def test_rows_that_are_not_whole_sentences_are_refused():
