@@ -284,16 +284,15 @@ def kernels_main() -> None:
     keep_host_memory(default=True)  # as peers: both libraries' buffers come and go each call
     if _PEER_THREADS.value:
         bench_peers.limit_threads(_PEER_THREADS.value)  # before jax starts its backend
+    text = ",".join(_KERNEL_ROWS.value)
     try:
         rows = [int(r) for r in _KERNEL_ROWS.value]
     except ValueError:
-        rows = []
-    if not rows or any(r < 1 or r % bench_kernels.SEQUENCE for r in rows):
-        usage_error(
-            f"kernels: --kernel_rows={','.join(_KERNEL_ROWS.value)}: give positive multiples "
-            f"of {bench_kernels.SEQUENCE} (sentences of {bench_kernels.SEQUENCE} tokens), "
-            "e.g. 512,2048"
-        )
+        usage_error(f"kernels: --kernel_rows={text}: give whole numbers, e.g. 512,2048")
+    try:
+        bench_kernels.check_rows(rows)
+    except ValueError as e:
+        usage_error(f"kernels: --kernel_rows={text}: {e}")
     result = bench_kernels.measure(rows)
     threads = str(_PEER_THREADS.value) if _PEER_THREADS.value else "default"
     print(json.dumps(result, indent=2) if _JSON.value else bench_kernels.table(result, threads))

@@ -47,21 +47,31 @@ class Operands:
     x: np.ndarray
     bias: np.ndarray
     weight: np.ndarray
-    keys: np.ndarray  # [sentences, tokens, heads, head width]; empty unless whole sentences
+    keys: np.ndarray  # [sentences, tokens, heads, head width]
+
+
+def check_rows(rows: Sequence[int]) -> None:
+    """ValueError unless every count is a positive number of whole 64-token sentences."""
+    bad = [r for r in rows if r < 1 or r % SEQUENCE]
+    if not rows or bad:
+        raise ValueError(
+            f"rows {bad or list(rows)}: give positive multiples of {SEQUENCE} (sentences of "
+            f"{SEQUENCE} tokens), e.g. 512,2048"
+        )
 
 
 def operands(rows: int, seed: int = 0) -> Operands:
     """Random activations, a zero bias (so a ReLU chain keeps its values), an orthogonal
     weight (so a product chain keeps its norms) and keys with orthonormal columns per
     sentence and head (so the attention products give back their queries)."""
+    check_rows([rows])
     rng = np.random.default_rng(seed)
     weight, _ = np.linalg.qr(rng.standard_normal((WIDTH, WIDTH)))
-    keys = np.zeros((0, SEQUENCE, HEADS, WIDTH // HEADS), np.float32)
-    if rows % SEQUENCE == 0:
-        sentences = rows // SEQUENCE
-        # [sentences, heads, tokens, head width], orthonormal over the tokens.
-        columns, _ = np.linalg.qr(rng.standard_normal((sentences, HEADS, SEQUENCE, WIDTH // HEADS)))
-        keys = columns.transpose(0, 2, 1, 3).astype(np.float32)
+    # [sentences, heads, tokens, head width], orthonormal over the tokens.
+    columns, _ = np.linalg.qr(
+        rng.standard_normal((rows // SEQUENCE, HEADS, SEQUENCE, WIDTH // HEADS))
+    )
+    keys = columns.transpose(0, 2, 1, 3).astype(np.float32)
     return Operands(
         rng.standard_normal((rows, WIDTH)).astype(np.float32),
         np.zeros(WIDTH, np.float32),
@@ -90,17 +100,10 @@ def jax_chain(kernel: str, chain: int) -> Callable[..., Any]:
     return jax.jit(run)
 
 
-def _heads_shape(rows: int) -> tuple[int, int, int, int]:
-    """[rows, 64] as [sentences, tokens, heads, head width]."""
-    if rows % SEQUENCE:
-        raise ValueError(f"attention_products: {rows} rows are not sentences of {SEQUENCE}")
-    return rows // SEQUENCE, SEQUENCE, HEADS, WIDTH // HEADS
-
-
 def _jax_attention_products(x, bias, weight, keys):
     import jax.numpy as jnp
 
-    q = x.reshape(_heads_shape(x.shape[0]))
+    q = x.reshape(keys.shape)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, keys)
     return jnp.einsum("bhqk,bkhd->bqhd", scores, keys).reshape(x.shape)
 
@@ -108,7 +111,7 @@ def _jax_attention_products(x, bias, weight, keys):
 def _torch_attention_products(x, bias, weight, keys):
     import torch
 
-    q = x.reshape(_heads_shape(x.shape[0]))
+    q = x.reshape(keys.shape)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, keys)
     return torch.einsum("bhqk,bkhd->bqhd", scores, keys).reshape(x.shape)
 
@@ -154,10 +157,12 @@ def measure(
     repeats: int = 7,
 ) -> list[dict[str, Any]]:
     """One row per (kernel, rows): microseconds per application on each side, their ratio,
-    and the largest difference between the two sides' chain outputs."""
+    and the largest difference between the two sides' chain outputs. ValueError before
+    any timing unless every count of `rows` is whole sentences (`check_rows`)."""
     import jax.numpy as jnp
     import torch
 
+    check_rows(rows)
     out = []
     for n in rows:
         ops = operands(n)

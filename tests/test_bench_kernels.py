@@ -55,8 +55,8 @@ def test_every_chain_keeps_its_scale_over_the_benchmarks_length():
 
 
 def test_rows_that_are_not_whole_sentences_are_refused():
-    with pytest.raises(ValueError, match="100 rows are not sentences of 64"):
-        bk.measure([100], kernels=["attention_products"], chain=1, calls=1, repeats=1)
+    with pytest.raises(ValueError, match=r"rows \[100\]: give positive multiples of 64"):
+        bk.measure([128, 100], chain=1, calls=1, repeats=1)
     out = subprocess.run(
         [sys.executable, "-m", "launch.bench", "kernels", "--kernel_rows", "512,100"],
         capture_output=True,
