@@ -12,6 +12,7 @@
                                 [--xent_bias]
     python -m launch.bench eval --config configs/bert.py:wikitext [--eval_chunks 1,32]
     python -m launch.bench kernels [--kernel_rows 512,2048,8192] [--peer_threads 1]
+        [--kernel_chains 4]
     python -m launch.bench variants --config configs/bert.py:wikitext
                                     --change model.remat=True [--change K=V,K=V]
                                     [--steps 20] [--rounds 5]
@@ -76,6 +77,12 @@ _PEER_THREADS = flags.DEFINE_integer(
 )
 _KERNEL_ROWS = flags.DEFINE_list(
     "kernel_rows", ["512", "2048", "8192"], "kernels: rows of the [rows, 64] activations."
+)
+_KERNEL_CHAINS = flags.DEFINE_integer(
+    "kernel_chains",
+    0,
+    "kernels: also time this many independent JAX chains in one program against one chain "
+    "as long as all of them (0: skip; 2 or more).",
 )
 _PEER_LAST_ROWS = flags.DEFINE_bool(
     "peer_last_layer_rows",
@@ -293,9 +300,19 @@ def kernels_main() -> None:
         bench_kernels.check_rows(rows)
     except ValueError as e:
         usage_error(f"kernels: --kernel_rows={text}: {e}")
+    chains = _KERNEL_CHAINS.value
+    if chains and chains < 2:
+        usage_error(f"kernels: --kernel_chains={chains}: give 0 (skip) or 2 or more, e.g. 4")
     result = bench_kernels.measure(rows)
+    together = bench_kernels.concurrency(rows, chains=chains) if chains else []
     threads = str(_PEER_THREADS.value) if _PEER_THREADS.value else "default"
-    print(json.dumps(result, indent=2) if _JSON.value else bench_kernels.table(result, threads))
+    if _JSON.value:
+        print(json.dumps({"kernels": result, "concurrency": together}, indent=2))
+        return
+    print(bench_kernels.table(result, threads))
+    if together:
+        print()
+        print(bench_kernels.concurrency_table(together, threads))
 
 
 def startup_main() -> None:

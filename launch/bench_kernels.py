@@ -2,6 +2,7 @@
 threads.
 
     python -m launch.bench kernels [--kernel_rows 512,2048,8192] [--peer_threads 1]
+                                   [--kernel_chains 4]
 
 Each kernel runs on `[rows, 64]` float32 activations (the Transformer tiny width; 2,048
 rows is its batch of 32 sentences of 64 tokens): the attention's softmax over the last
@@ -18,6 +19,12 @@ columns, so the attention products return their queries.
 Run it with `--peer_threads 1` and without (each library's default threading) to see
 what the second core buys each library at these sizes: the thread count is fixed when
 JAX's backend starts, so the two settings are two processes.
+
+`--kernel_chains N` adds a JAX-only table (`concurrency`): N independent chains in one
+program against one chain N times as long. Its gain says whether XLA:CPU's executor runs
+independent ops at once on the process's threads (up to min(N, threads)) or one after
+another (about 1), which decides whether splitting work into independent pieces, as the
+CPU attention blocks do, can use a second core.
 """
 
 from __future__ import annotations
@@ -80,22 +87,44 @@ def operands(rows: int, seed: int = 0) -> Operands:
     )
 
 
-def jax_chain(kernel: str, chain: int) -> Callable[..., Any]:
-    """A compiled chain of `chain` applications of `kernel`: f(x, bias, weight, keys) -> x."""
+def _jax_apply(kernel: str) -> Callable[..., Any]:
+    """One application of `kernel` in JAX: f(x, bias, weight, keys) -> x."""
     import jax
     import jax.numpy as jnp
 
-    apply = {
+    return {
         "softmax": lambda x, b, w, k: jax.nn.softmax(x, axis=-1),
         "bias_relu": lambda x, b, w, k: jnp.maximum(x + b, 0.0),
         "matmul_64x64": lambda x, b, w, k: x @ w,
         "attention_products": _jax_attention_products,
     }[kernel]
 
-    def run(x, b, w, k):
-        for _ in range(chain):
-            x = jax.lax.optimization_barrier(apply(x, b, w, k))
-        return x
+
+def _jax_run(kernel: str, chain: int, x, b, w, k):
+    import jax
+
+    apply = _jax_apply(kernel)
+    for _ in range(chain):
+        x = jax.lax.optimization_barrier(apply(x, b, w, k))
+    return x
+
+
+def jax_chain(kernel: str, chain: int) -> Callable[..., Any]:
+    """A compiled chain of `chain` applications of `kernel`: f(x, bias, weight, keys) -> x."""
+    import jax
+
+    return jax.jit(functools.partial(_jax_run, kernel, chain))
+
+
+def jax_independent_chains(kernel: str, chain: int) -> Callable[..., Any]:
+    """One compiled program of independent chains, one per input:
+    f([x0, x1, ...], bias, weight, keys) -> [chain(x0), chain(x1), ...]. Nothing joins
+    the chains, so an executor free to run independent ops at once can run them on as
+    many threads as there are chains."""
+    import jax
+
+    def run(xs, b, w, k):
+        return [_jax_run(kernel, chain, x, b, w, k) for x in xs]
 
     return jax.jit(run)
 
@@ -199,6 +228,74 @@ def table(rows: list[dict[str, Any]], threads: str) -> str:
                 f"{r['jax_us']:.1f}",
                 f"{r['torch_us']:.1f}",
                 f"{r['torch_over_jax']:.2f}x",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def _last_output(program: Callable[..., Any], *args: Any) -> Any:
+    return program(*args)[-1]
+
+
+def concurrency(
+    rows: Sequence[int],
+    kernels: Sequence[str] = KERNELS,
+    chains: int = 4,
+    chain: int = CHAIN,
+    calls: int = 3,
+    repeats: int = 5,
+) -> list[dict[str, Any]]:
+    """JAX only, one row per (kernel, rows): `chains` independent chains of `chain`
+    applications in one program against one chain of `chains * chain`, microseconds per
+    application each, and the gain serial / independent. Near 1, the executor ran the
+    independent chains one after another; near min(chains, threads), at once. Each chain
+    starts from its own activations (distinct seeds), so the compiler cannot merge them
+    into one. ValueError before any timing for bad rows or fewer than 2 chains."""
+    import jax.numpy as jnp
+
+    check_rows(rows)
+    if chains < 2:
+        raise ValueError(f"chains {chains}: give 2 or more independent chains, e.g. 4")
+    out = []
+    for n in rows:
+        first = operands(n)
+        shared = [jnp.asarray(a) for a in (first.bias, first.weight, first.keys)]
+        xs = [jnp.asarray(operands(n, seed=i).x) for i in range(chains)]
+        for kernel in kernels:
+            serial = jax_chain(kernel, chains * chain)
+            independent = jax_independent_chains(kernel, chain)
+            serial_s = _median_seconds(functools.partial(serial, xs[0], *shared), calls, repeats)
+            # One program: its outputs are ready together, so the last one's wait is all.
+            last = functools.partial(_last_output, independent, xs, *shared)
+            independent_s = _median_seconds(last, calls, repeats)
+            total = chains * chain
+            out.append(
+                {
+                    "kernel": kernel,
+                    "shape": [n, WIDTH],
+                    "chains": chains,
+                    "serial_us": 1e6 * serial_s / total,
+                    "independent_us": 1e6 * independent_s / total,
+                    "gain": serial_s / independent_s,
+                }
+            )
+    return out
+
+
+def concurrency_table(rows: list[dict[str, Any]], threads: str) -> str:
+    """The `concurrency` rows as a markdown table under the `threads` label."""
+    return markdown_table(
+        ["kernel", "shape", "threads", "chains", "serial us", "independent us", "gain"],
+        [
+            [
+                r["kernel"],
+                "x".join(str(d) for d in r["shape"]),
+                threads,
+                str(r["chains"]),
+                f"{r['serial_us']:.1f}",
+                f"{r['independent_us']:.1f}",
+                f"{r['gain']:.2f}x",
             ]
             for r in rows
         ],

@@ -66,3 +66,41 @@ def test_rows_that_are_not_whole_sentences_are_refused():
     assert out.returncode != 0
     assert "give positive multiples of 64" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_independent_chains_compute_each_chain_alone():
+    """The independent program is the serial chain run once per input, nothing merged."""
+    ops = [bk.operands(64, seed=i) for i in range(3)]
+    shared = (ops[0].bias, ops[0].weight, ops[0].keys)
+    for kernel in ("softmax", "attention_products"):
+        together = bk.jax_independent_chains(kernel, 4)([o.x for o in ops], *shared)
+        assert len(together) == 3
+        for o, out in zip(ops, together, strict=True):
+            alone = bk.jax_chain(kernel, 4)(o.x, *shared)
+            np.testing.assert_allclose(np.asarray(out), np.asarray(alone), rtol=1e-6)
+        # distinct seeds: the chains do not compute the same thing
+        assert not np.allclose(np.asarray(together[0]), np.asarray(together[1]))
+
+
+def test_concurrency_rows_and_table():
+    rows = bk.concurrency([64], kernels=("bias_relu",), chains=2, chain=2, calls=1, repeats=1)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["kernel"] == "bias_relu" and r["shape"] == [64, bk.WIDTH] and r["chains"] == 2
+    assert r["serial_us"] > 0 and r["independent_us"] > 0
+    assert r["gain"] == pytest.approx(r["serial_us"] / r["independent_us"])
+    assert "| bias_relu | 64x64 | 2 | 2 |" in bk.concurrency_table(rows, "2")
+    with pytest.raises(ValueError, match="give 2 or more independent chains"):
+        bk.concurrency([64], chains=1)
+
+
+def test_the_cli_refuses_a_single_chain():
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.bench", "kernels", "--kernel_chains", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "--kernel_chains=1: give 0 (skip) or 2 or more" in out.stderr
+    assert "Traceback" not in out.stderr
