@@ -58,8 +58,9 @@ test-system: $(TEST_STAMP)
 
 # The other slow tests CI runs (rows of docs/parallelism.md's techniques table and claims of
 # docs/): spatial-partitioning equivalences (SSD 1x8 / 2x4, Mask R-CNN 2x4), the SSD and
-# Transformer evals on 2 processes x 4 devices, the real planner ranking, the Transformer tiny
-# run's MLPerf log through the compliance checker.
+# Transformer evals on 2 processes x 4 devices, the real planner ranking and its compile-heavy
+# checks (out-of-HBM extrapolation, the compiler's estimate against the overlapped bound), the
+# Transformer tiny run's MLPerf log through the compliance checker.
 CI_SLOW_TESTS := tests/test_ssd_spatial.py tests/test_maskrcnn_model.py tests/test_ssd_eval.py \
 	tests/test_plan.py tests/test_transformer_e2e.py
 test-ci-slow: $(TEST_STAMP)

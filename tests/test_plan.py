@@ -265,6 +265,7 @@ def test_honesty_row_for_bert_on_a_per_core_proxy():
     assert 0.3 < row["ratio"] < 3.0 and 0.3 < row["step_ratio"] < 3.0, row
 
 
+@pytest.mark.slow  # compiles a 6-layer 4096-wide BERT thrice (~45 s): make test-ci-slow
 def test_a_candidate_out_of_hbm_gets_a_step_time_and_fits_at_a_larger_scale():
     """Six scanned 4096-wide layers with replicated f32 Adam state need about 35 GiB per
     v3 core (16 GiB) by the compiler's out-of-HBM message: the planner extrapolates the
@@ -322,6 +323,7 @@ def test_without_a_compiler_estimate_the_step_is_bracketed_by_the_overlap_bounds
     assert with_compiler.serial_s == pytest.approx(0.040)
 
 
+@pytest.mark.slow  # BERT-large layer compiles (40-50 s each): make test-ci-slow
 @pytest.mark.parametrize(("topology", "ici"), [("v3:2x2", (2, 4)), ("v5p:2x2x1", (2, 2))])
 def test_the_compilers_estimate_is_never_below_the_overlapped_bound(topology, ici):
     """Where libtpu's estimate is usable, it is at or above the roofline with every ICI
