@@ -2,13 +2,12 @@
 
 Both attention layers (`SelfAttention`, `MultiHeadAttention`) compute their scores,
 softmax, dropout and context here. On XLA:CPU the core runs as independent blocks of
-examples when one device's [B, H, Q, K] scores are larger than `CPU_BLOCK_BYTES`:
-
-- A block's scores stay in the core's cache between the score product, the softmax and
-  the product with the values, where the whole tensor (2 MiB at the Transformer tiny
-  size) goes out to memory between them.
-- XLA:CPU runs the elementwise and reduction work of a fusion on one thread; the
-  blocks' fusions are independent, so its executor runs them on both cores at once.
+examples when one device's [B, H, Q, K] scores are larger than `CPU_BLOCK_BYTES`: a
+block's scores stay in the core's cache between the score product, the softmax and the
+product with the values, where the whole tensor (2 MiB at the Transformer tiny size) goes
+out to memory between them. The blocks are independent, but XLA:CPU's executor runs them
+one after another, not on two cores at once (`launch.bench kernels --kernel_chains`,
+docs/performance.md): the cache is the whole gain, a few percent of a step.
 
 The blocks interleave (block c holds examples c, c + n, c + 2n, ...), so each holds the
 same number of every device's rows and a batch-sharded mesh splits every block as it
