@@ -116,6 +116,7 @@ def test_inspect_cli_says_what_fits_in_one_line():
     assert "flags:" not in proc.stderr  # no help dump
 
 
+@pytest.mark.slow  # two TPU compiles (~30 s): make test-ci-slow
 def test_v5e_chained_collectives_count_as_the_same_program_on_v6e():
     """libtpu splits v5e's large all-gathers into chains of fusions; counted once per
     chain, the same program and mesh sends what it sends on v6e (one link each)."""

@@ -14,6 +14,7 @@ from mlperf import tpu_table
 pytestmark = pytest.mark.xdist_group("aot")
 
 
+@pytest.mark.slow  # compiles tiny rows for two TPU generations (~30 s): make test-ci-slow
 def test_tiny_rows_compile_cache_and_render(tmp_path):
     cache = str(tmp_path / "rows")
     rows = bench_tpu.run(["bert"], ["v3", "v4"], "tiny", cache, 600, compile_missing=True)
