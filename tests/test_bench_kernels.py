@@ -57,14 +57,24 @@ def test_every_chain_keeps_its_scale_over_the_benchmarks_length():
 def test_rows_that_are_not_whole_sentences_are_refused():
     with pytest.raises(ValueError, match=r"rows \[100\]: give positive multiples of 64"):
         bk.measure([128, 100], chain=1, calls=1, repeats=1)
+
+
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        (["--kernel_rows", "512,100"], "give positive multiples of 64"),
+        (["--kernel_chains", "1"], "--kernel_chains=1: give 0 (skip) or 2 or more"),
+    ],
+)
+def test_the_cli_refuses_bad_values_in_one_line_before_timing(flag, message):
     out = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "kernels", "--kernel_rows", "512,100"],
+        [sys.executable, "-m", "launch.bench", "kernels", *flag],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert out.returncode != 0
-    assert "give positive multiples of 64" in out.stderr
+    assert message in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -92,15 +102,3 @@ def test_concurrency_rows_and_table():
     assert "| bias_relu | 64x64 | 2 | 2 |" in bk.concurrency_table(rows, "2")
     with pytest.raises(ValueError, match="give 2 or more independent chains"):
         bk.concurrency([64], chains=1)
-
-
-def test_the_cli_refuses_a_single_chain():
-    out = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "kernels", "--kernel_chains", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode != 0
-    assert "--kernel_chains=1: give 0 (skip) or 2 or more" in out.stderr
-    assert "Traceback" not in out.stderr
