@@ -172,8 +172,9 @@ def _median_seconds(call: Callable[[], Any], calls: int, repeats: int) -> float:
         start = time.perf_counter()
         for _ in range(calls):
             out = call()
-        if hasattr(out, "block_until_ready"):
-            out.block_until_ready()
+        for leaf in out if isinstance(out, list) else [out]:  # a program's outputs, all
+            if hasattr(leaf, "block_until_ready"):
+                leaf.block_until_ready()
         times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
@@ -234,10 +235,6 @@ def table(rows: list[dict[str, Any]], threads: str) -> str:
     )
 
 
-def _last_output(program: Callable[..., Any], *args: Any) -> Any:
-    return program(*args)[-1]
-
-
 def concurrency(
     rows: Sequence[int],
     kernels: Sequence[str] = KERNELS,
@@ -257,19 +254,17 @@ def concurrency(
     check_rows(rows)
     if chains < 2:
         raise ValueError(f"chains {chains}: give 2 or more independent chains, e.g. 4")
+    total = chains * chain
     out = []
     for n in rows:
         first = operands(n)
         shared = [jnp.asarray(a) for a in (first.bias, first.weight, first.keys)]
         xs = [jnp.asarray(operands(n, seed=i).x) for i in range(chains)]
         for kernel in kernels:
-            serial = jax_chain(kernel, chains * chain)
-            independent = jax_independent_chains(kernel, chain)
-            serial_s = _median_seconds(functools.partial(serial, xs[0], *shared), calls, repeats)
-            # One program: its outputs are ready together, so the last one's wait is all.
-            last = functools.partial(_last_output, independent, xs, *shared)
-            independent_s = _median_seconds(last, calls, repeats)
-            total = chains * chain
+            serial = functools.partial(jax_chain(kernel, total), xs[0], *shared)
+            independent = functools.partial(jax_independent_chains(kernel, chain), xs, *shared)
+            serial_s = _median_seconds(serial, calls, repeats)
+            independent_s = _median_seconds(independent, calls, repeats)
             out.append(
                 {
                     "kernel": kernel,
