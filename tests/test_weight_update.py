@@ -249,3 +249,31 @@ def test_without_axes_drops_mesh_axes_from_every_entry():
     assert without_axes(spec, ("data",)) == P("model", None, None, ("model", "pipe"))
     assert without_axes(spec, {"data", "model"}) == P(None, None, None, "pipe")
     assert without_axes(spec, ()) == spec
+
+
+@pytest.mark.parametrize("wus", [True, False])
+def test_xla_cpu_keeps_one_collective_per_sharded_parameter(devices, wus):
+    """docs/performance.md ("One CPU device"): on XLA:CPU, weight-update sharding costs a
+    reduce-scatter and an all-gather per parameter, and LAMB two all-reduces per
+    parameter (the trust ratio's norms of the sharded parameter and update). Nothing
+    combines them. Without it, a data-only mesh's step has the two explicit
+    all-reduces only."""
+    from mlperf.trainer import build_trainer
+
+    config = small_bert_config(
+        **{
+            "mesh.ici_shape": (2, 1),
+            "mesh.num_devices": 2,
+            "parallel.weight_update_sharding": wus,
+        }
+    )
+    assert config.optimizer.name == "lamb"
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    stats = hlo_op_stats(trainer.lower_train_step(trainer.phases[0]).compile().as_text())
+    leaves = len(jax.tree.leaves(trainer.layout.abstract_train_state["params"]))
+    collectives = {op: n for op, n in stats["collectives"].items() if n}
+    if wus:
+        expected = {"reduce-scatter": leaves, "all-gather": leaves, "all-reduce": 2 * leaves + 2}
+    else:
+        expected = {"all-reduce": 2}
+    assert collectives == expected, (leaves, collectives)
