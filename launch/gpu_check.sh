@@ -2,9 +2,13 @@
 # The framework's programs on one NVIDIA GPU (docs/gpu.md): bf16 step time and MFU of
 # BERT-large and Transformer-big on synthetic batches, then the tiny BERT and Transformer
 # runs to their targets. Each part has its own time limit; a failed part does not stop the
-# others. Results go to $OUT (default /tmp/multipod-gpu-check): bench.jsonl (one JSON row
-# per step measurement), results.jsonl (each tiny run's result.json), log (everything
-# printed) and each tiny run's MLPerf log.
+# others. Results go to $OUT (default /tmp/multipod-gpu-check) as seven files at most, none
+# in a subfolder, so that a machine lent for a few minutes hands all of them back:
+# bench.jsonl (one JSON row per step measurement), results.jsonl (each tiny run's
+# result.json), log (everything printed), mllogs.tgz (each tiny run's MLPerf log),
+# xla_transformer.tgz (the 2-layer Transformer-big programs, as JAX hands them over and as
+# XLA optimised them) and trace_transformer.xplane.pb and .trace.json.gz (a jax.profiler
+# trace of that step; the second opens in Perfetto).
 #
 #     OUT=/tmp/gpu bash launch/gpu_check.sh
 set -uo pipefail
@@ -41,7 +45,9 @@ train() {  # train NAME ARGS...: one tiny run to its target on one GPU
     timeout "$TRAIN_LIMIT_S" "$PYTHON" -m launch.train --workdir "$WORK/$name" "$@" \
         --config.mesh.ici_shape='(1,1)'
     echo "train $name: rc $? in $((SECONDS - start)) s wall"
-    cp "$WORK/$name/mllog.txt" "$OUT/$name.mllog.txt" 2>/dev/null
+    mkdir -p "$WORK/mllogs"
+    cp "$WORK/$name/mllog.txt" "$WORK/mllogs/$name.mllog.txt" 2>/dev/null
+    tar czf "$OUT/mllogs.tgz" -C "$WORK" mllogs
     [ -f "$WORK/$name/result.json" ] && "$PYTHON" -c "import json,sys; r=json.load(open(sys.argv[1])); \
 r['name']=sys.argv[2]; print(json.dumps(r))" "$WORK/$name/result.json" "$name" >>"$OUT/results.jsonl"
 }
@@ -52,12 +58,17 @@ r['name']=sys.argv[2]; print(json.dumps(r))" "$WORK/$name/result.json" "$name" >
 bench --config configs/bert.py:mlperf_v07 --config.train.global_batch_size=32
 train bert_tiny --config configs/bert.py:tiny
 # Transformer-big's full step did not finish on an H200 (docs/gpu.md): a 2-layer, batch-8
-# step first, the full one last. The 2-layer run's programs, as JAX hands them over and
-# as XLA optimised them for the GPU, go to $OUT/xla_transformer for reading offline,
-# whether or not its step finishes.
-XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$OUT/xla_transformer --xla_dump_hlo_as_text" \
+# step first, the full one last. The 2-layer run's programs and, if its steps finish, a
+# trace of three of them come back for reading offline.
+rm -rf "${WORK:?}/xla_transformer" "${WORK:?}/trace_transformer"
+XLA_FLAGS="${XLA_FLAGS:-} --xla_dump_to=$WORK/xla_transformer --xla_dump_hlo_as_text" \
     bench --config configs/transformer.py:mlperf_v07 --config.train.global_batch_size=8 \
-    --config.model.num_layers=2
+    --config.model.num_layers=2 --profile_dir="$WORK/trace_transformer"
+tar czf "$OUT/xla_transformer.tgz" -C "$WORK" xla_transformer 2>/dev/null
+for kind in xplane.pb trace.json.gz; do
+    trace=$(find "$WORK/trace_transformer" -name "*.$kind" 2>/dev/null | head -1)
+    [ -n "$trace" ] && cp "$trace" "$OUT/trace_transformer.$kind"
+done
 train bert_tiny_bf16 --config configs/bert.py:tiny --config.precision.compute_dtype=bfloat16
 bench --config configs/bert.py:mlperf_v07 --config.train.global_batch_size=32 \
     --config.einsum_gather=False

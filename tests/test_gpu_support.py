@@ -3,8 +3,10 @@ MFU denominator for GPU device kinds, and the one-GPU check script."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import tarfile
 import tomllib
 from types import SimpleNamespace
 
@@ -45,5 +47,59 @@ def test_the_gpu_check_script_parses_and_gives_one_gpu_meshes():
     assert "--mesh data=1,model=1" in text and "--config.mesh.ici_shape='(1,1)'" in text
     assert len(re.findall(r"^\s*bench --config", text, re.M)) == 5
     assert text.count("\ntrain ") == 3
-    # The 2-layer Transformer-big run leaves its GPU programs in $OUT, finished or not.
-    assert "--xla_dump_to=$OUT/xla_transformer --xla_dump_hlo_as_text" in text
+
+
+# Stands in for the GPU's Python in the test below: it writes what the script's parts
+# write (a bench row, a run's MLPerf log and result, an XLA dump, a profiler trace), so
+# that the script's own handling of them can be checked without a GPU.
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+if [ "$1" = "-c" ]; then exec python3 "$@"; fi
+args=" $* "
+dump=$(printf '%s' "${XLA_FLAGS:-}" | grep -o 'xla_dump_to=[^ ]*' | cut -d= -f2)
+if [ -n "$dump" ]; then
+  mkdir -p "$dump" && for i in 1 2 3 4 5 6 7 8 9; do echo hlo > "$dump/m$i.txt"; done
+fi
+case "$args" in
+  *" launch.bench "*)
+    profile=$(printf '%s' "$args" | grep -o -- '--profile_dir=[^ ]*' | cut -d= -f2)
+    [ -n "$profile" ] && mkdir -p "$profile/plugins/profile/run" \
+        && echo trace > "$profile/plugins/profile/run/host.xplane.pb" \
+        && echo trace | gzip > "$profile/plugins/profile/run/host.trace.json.gz"
+    echo '{"step_ms": 1.0}' ;;
+  *" launch.train "*)
+    workdir=$(printf '%s' "$args" | sed 's/.*--workdir \([^ ]*\).*/\1/')
+    mkdir -p "$workdir" && echo ':::MLLOG {}' > "$workdir/mllog.txt"
+    echo '{"reached": true}' > "$workdir/result.json" ;;
+esac
+"""
+
+
+def test_the_gpu_check_hands_back_few_files_none_in_a_folder(tmp_path):
+    """A lent machine hands back at most 8 files, none more than two folders down
+    (the device tool's limits): the script packs the logs, the XLA dump and the trace."""
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "WORK": str(work), "PYTHON": str(fake)}
+    env["PATH"] = f"{tmp_path}:{env['PATH']}"  # no nvidia-smi here: the script goes on
+    run = subprocess.run(
+        ["bash", f"{REPO}/launch/gpu_check.sh"], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == [
+        "bench.jsonl",
+        "log",
+        "mllogs.tgz",
+        "results.jsonl",
+        "trace_transformer.trace.json.gz",
+        "trace_transformer.xplane.pb",
+        "xla_transformer.tgz",
+    ]
+    assert len((out / "bench.jsonl").read_text().splitlines()) == 5
+    assert len((out / "results.jsonl").read_text().splitlines()) == 3
+    with tarfile.open(out / "mllogs.tgz") as tar:
+        assert len([n for n in tar.getnames() if n.endswith(".mllog.txt")]) == 3
+    with tarfile.open(out / "xla_transformer.tgz") as tar:
+        assert len([n for n in tar.getnames() if n.endswith(".txt")]) == 9
