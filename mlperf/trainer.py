@@ -77,15 +77,18 @@ class Trainer:
             donate_argnums=(0,),
         )
 
-    def lower_train_step(self, phase: Phase):
-        """Lowers the train step for one phase's global batch shapes (nothing allocated)."""
+    def lower_train_step(self, phase: Phase, platforms: tuple[str, ...] = ()):
+        """Lowers the train step for one phase's global batch shapes (nothing allocated);
+        for `platforms` ("cuda", "tpu") instead of the mesh's own, when given: a program
+        to read, not to compile here."""
         abstract = batch_abstract(
             self.partitioner, self.task.example_spec(phase), phase.global_batch_size
         )
         key = jax.ShapeDtypeStruct(
             (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
         )
-        return self.jitted_train_step().lower(self.layout.abstract_train_state, abstract, key)
+        traced = self.jitted_train_step().trace(self.layout.abstract_train_state, abstract, key)
+        return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
     def init_state(self):
         """The sharded initial state: random, then the pretrained parameters if any (a

@@ -103,3 +103,31 @@ def test_the_gpu_check_hands_back_few_files_none_in_a_folder(tmp_path):
         assert len([n for n in tar.getnames() if n.endswith(".mllog.txt")]) == 3
     with tarfile.open(out / "xla_transformer.tgz") as tar:
         assert len([n for n in tar.getnames() if n.endswith(".txt")]) == 9
+
+
+def _cuda_ops(module, devices) -> set[str]:
+    """The StableHLO op names of a config's `mlperf_v07` train step lowered for `cuda`
+    (one device, batch 8: op kinds do not depend on either)."""
+    from mlperf.trainer import build_trainer
+
+    config = module.get_config("mlperf_v07")
+    config.mesh.ici_shape = (1, 1)
+    config.mesh.num_devices = 1
+    config.train.global_batch_size = 8
+    trainer = build_trainer(config, devices=devices, prepare_data=False)
+    text = trainer.lower_train_step(trainer.phases[0], platforms=("cuda",)).as_text()
+    return set(re.findall(r"\bstablehlo\.([a-z_]+)", text))
+
+
+def test_transformer_big_on_gpu_has_no_op_that_bert_large_lacks_but_its_positions(devices):
+    """docs/gpu.md: Transformer-big's step, lowered for `cuda` on this CPU, holds no op
+    kind that BERT-large's (whose step runs on an H200) lacks but sine and cosine (the
+    positions), and neither has a loop, a sort, a gather, a scatter or a custom call:
+    the einsum lookups hold in GPU programs too."""
+    from configs import bert, transformer
+
+    transformer_ops, bert_ops = _cuda_ops(transformer, devices), _cuda_ops(bert, devices)
+    assert "dot_general" in transformer_ops and "dot_general" in bert_ops
+    assert transformer_ops - bert_ops == {"sine", "cosine"}
+    for ops in (transformer_ops, bert_ops):
+        assert not ops & {"while", "sort", "gather", "scatter", "custom_call"}, ops
