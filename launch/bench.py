@@ -1,7 +1,7 @@
 """Throughput of a config on this machine: train step, input pipeline, model FLOP/s.
 
     python -m launch.bench --config configs/bert.py:tiny [--steps 20] [--json] [--synthetic]
-                           [--profile_dir DIR] [--profile_steps 3]
+                           [--profile_dir DIR] [--trace_steps 3]
     python -m launch.bench collectives [--sizes 4K,1M,64M] [--device_counts 2,4,8] [--plot p.png]
                                        [--no_tpu_estimates]
     python -m launch.bench peers [--peer_models bert] [--peer_sizes tiny,base] [--rounds 5]
@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 
 import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from launch.bench_trace import progress as _progress
-from launch.bench_trace import trace_steps
 from launch.cli import keep_host_memory, parse_flags, relax_cpu_collective_timeouts, usage_error
 from mlperf.peak_flops import peak_for_devices
 from mlperf.validate import ConfigError, apply_mesh_override
@@ -67,9 +66,10 @@ _NO_TPU_ESTIMATES = flags.DEFINE_bool(
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir",
     "",
-    "Write a jax.profiler trace of PROFILE_STEPS train steps, after the timed repeats, here.",
+    "Write a jax.profiler trace of --trace_steps more train steps, after the timed repeats, "
+    "into PROFILE_DIR/profile.",
 )
-_PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 3, "Train steps in the --profile_dir trace.")
+_TRACE_STEPS = flags.DEFINE_integer("trace_steps", 3, "Train steps in the --profile_dir trace.")
 _INPUT_WORKERS = flags.DEFINE_list(
     "input_workers", ["0", "1", "2", "4"], "Grain worker counts whose host input rate to report."
 )
@@ -168,6 +168,11 @@ def host_input_rate(trainer, phase, layout, workers: int, batches: int) -> float
     return rate
 
 
+def _progress(text: str) -> None:
+    """One progress line on stderr (stdout stays the result, JSON with --json)."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
 def bench_config(
     config,
     steps: int,
@@ -175,12 +180,14 @@ def bench_config(
     input_workers: list[int],
     synthetic: bool = False,
     profile_dir: str = "",
-    profile_steps: int = 3,
+    trace_steps: int = 3,
 ) -> dict:
     """Measures the train step and (unless `synthetic`) the input pipeline of the first
     phase. MFU is against the mesh's devices' peak (`peak_for_devices`). With
-    `profile_dir`, `profile_steps` more steps run under a jax.profiler trace written there
-    (op-level device times; TensorBoard's profile plugin or Perfetto read it)."""
+    `profile_dir`, `trace_steps` more steps run under a jax.profiler trace written to
+    profile_dir/profile (op-level device times; TensorBoard's profile plugin or Perfetto
+    read it)."""
+    from mlperf import profiling
     from mlperf.planning.cpu_check import synthetic_batch
     from mlperf.trainer import build_trainer
 
@@ -230,9 +237,13 @@ def bench_config(
         # Each host feeds its own slice; the global input rate scales with hosts.
         host_rate = steps * layout.host_batch_size / (time.perf_counter() - start)
         input_rates.append(host_rate * layout.shard_count)
-    traced = bool(profile_dir) and trace_steps(
-        profile_dir, profile_steps, compiled, state, batch, key
-    )
+    trace_dir = None
+    if profile_dir:
+
+        def step(state):
+            return compiled(state, batch, key)
+
+        trace_dir = profiling.trace_steps(profile_dir, trace_steps, step, state, _progress)
     examples_per_s = statistics.median(step_rates)
     peak = peak_for_devices(list(partitioner.mesh.devices.flat))
     model_flops = trainer.task.flops_per_example(phase) * examples_per_s
@@ -251,7 +262,7 @@ def bench_config(
         "peak_source": peak.source,
         "mfu": model_flops / peak.flops_per_s,
         "synthetic": synthetic,
-        "profile_dir": profile_dir if traced else None,
+        "trace_dir": trace_dir,
     }
     if iterator is None:
         return row
@@ -439,8 +450,8 @@ def main(argv: list[str]) -> None:
     config = _CONFIG.value
     if config is None:
         raise app.UsageError("give --config (e.g. configs/bert.py:tiny) or 'collectives'.")
-    if _PROFILE_DIR.value and _PROFILE_STEPS.value < 1:
-        usage_error(f"--profile_steps={_PROFILE_STEPS.value}: a trace needs 1 step or more")
+    if _PROFILE_DIR.value and _TRACE_STEPS.value < 1:
+        usage_error(f"--trace_steps={_TRACE_STEPS.value}: a trace needs 1 step or more")
     try:
         apply_mesh_override(config, _MESH.value)
         r = bench_config(
@@ -450,7 +461,7 @@ def main(argv: list[str]) -> None:
             [int(w) for w in _INPUT_WORKERS.value],
             _SYNTHETIC.value,
             _PROFILE_DIR.value,
-            _PROFILE_STEPS.value,
+            _TRACE_STEPS.value,
         )
     except (ConfigError, FileNotFoundError) as e:  # bad input: one line, as launch.train
         usage_error(str(e))
@@ -472,8 +483,8 @@ def report(r: dict) -> str:
         f"  model FLOP/s {r['model_flops_per_s']:.3e} = MFU {100 * r['mfu']:.1f}% of "
         f"{r['peak_flops_per_s']:.3e} ({r['peak_source']})",
     ]
-    if r.get("profile_dir"):
-        lines.append(f"  trace        {r['profile_dir']} (jax.profiler, after the timed repeats)")
+    if r.get("trace_dir"):
+        lines.append(f"  trace        {r['trace_dir']} (jax.profiler, after the timed repeats)")
     if r["synthetic"]:
         lines.append("  input        not measured (--synthetic: one batch of the step's shapes)")
         return "\n".join(lines)

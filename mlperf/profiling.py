@@ -1,4 +1,5 @@
-"""A `jax.profiler` trace of a window of train steps: `--profile_steps=a:b`.
+"""A `jax.profiler` trace of a window of train steps: `launch.train --profile_steps=a:b`,
+and `trace_steps` for `launch.bench --profile_dir`.
 
     window = ProfileWindow("10:13", workdir)      # steps 10, 11, 12 (half-open, like a slice)
     for step in ...:                                # step = index of the step about to run
@@ -16,6 +17,7 @@ in the window, not only its dispatch.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -83,3 +85,27 @@ class ProfileWindow:
         for root, _, files in os.walk(self.logdir):
             found += [os.path.join(root, f) for f in files if f.endswith(".xplane.pb")]
         return sorted(found)
+
+
+def trace_steps(
+    workdir: str,
+    steps: int,
+    run_step: Callable[[Any], tuple[Any, Any]],
+    carry: Any,
+    report: Callable[[str], None],
+) -> str | None:
+    """Runs `carry, outputs = run_step(carry)` `steps` times in a `ProfileWindow` of
+    those steps (the trace goes to workdir/profile) and says how it went through
+    `report`. Returns the trace folder, or None when the profiler failed (say, a GPU
+    without CUPTI): a caller that timed steps before keeps its measurement."""
+    window = ProfileWindow(f"0:{steps}", workdir)
+    try:
+        for step in range(steps):
+            window.before_step(step)
+            carry, outputs = run_step(carry)
+            window.after_step(step, outputs)
+    except Exception as e:  # noqa: BLE001 - any profiler failure: report it, go on
+        report(f"no trace written to {window.logdir}: {type(e).__name__}: {e}")
+        return None
+    report(f"wrote a trace of {steps} steps to {window.logdir}")
+    return window.logdir

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from mlperf.peak_flops import peak_for_devices
-from mlperf.profiling import ProfileWindow, parse_steps
+from mlperf.profiling import ProfileWindow, parse_steps, trace_steps
 from mlperf.reporting import Progress
 from mlperf.summaries import RunSummaries, read_scalars
 from parallel.hardware import bf16_peak_flops_per_device
@@ -102,6 +102,30 @@ def test_profile_window_closes_when_the_run_ends_inside(tmp_path):
     assert window.active
     window.close()
     assert not window.active and window.trace_files()
+
+
+def test_trace_steps_carries_the_state_through_the_traced_steps(tmp_path):
+    said = []
+    step = jax.jit(lambda x: (x + 1.0, x.sum()))
+    logdir = trace_steps(str(tmp_path), 3, step, jnp.zeros(4), said.append)
+    assert logdir == str(tmp_path / "profile")
+    assert list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))
+    assert said == [f"wrote a trace of 3 steps to {logdir}"]
+
+
+def test_a_profiler_that_fails_costs_the_trace_not_the_caller(tmp_path, monkeypatch):
+    """A GPU without CUPTI, say: the failure is reported and the caller goes on."""
+
+    def no_profiler(logdir):
+        raise RuntimeError("CUPTI is not available")
+
+    monkeypatch.setattr(jax.profiler, "start_trace", no_profiler)
+    said = []
+    step = jax.jit(lambda x: (x + 1.0, x.sum()))
+    assert trace_steps(str(tmp_path), 2, step, jnp.zeros(4), said.append) is None
+    assert said == [
+        f"no trace written to {tmp_path / 'profile'}: RuntimeError: CUPTI is not available"
+    ]
 
 
 @pytest.mark.parametrize("spec", ["5", "a:b", "3:3", "4:2", "-1:2", "1:2:3"])
