@@ -429,59 +429,32 @@ class OurStep:
 
 
 def torch_transformer_step(size: TransformerSize, dtype: str = "float32") -> Callable[[], Any]:
-    """torch.nn.Transformer (pre-LN, ReLU, same dims) with a shared embedding tied to the
-    output projection, sinusoidal positions, label-smoothed loss, torch Adam; `dtype`
-    as in `hf_bert_step`."""
-    import math
-
+    """Our Transformer's torch peer (launch/torch_transformer.py: torch.nn.Transformer,
+    pre-LN, ReLU, same dims, shared embedding tied to the output projection, sinusoidal
+    positions), label-smoothed loss, torch Adam; `dtype` as in `hf_bert_step`."""
     import torch
 
+    from launch.torch_transformer import TorchTransformer
+
     torch.manual_seed(0)
-    d = size.emb_dim
-    core = torch.nn.Transformer(
-        d_model=d,
-        nhead=size.num_heads,
-        num_encoder_layers=size.num_layers,
-        num_decoder_layers=size.num_layers,
-        dim_feedforward=size.mlp_dim,
-        dropout=size.dropout_rate,
-        activation="relu",
-        batch_first=True,
-        norm_first=True,
+    model = TorchTransformer(
+        size.vocab_size,
+        size.emb_dim,
+        size.num_heads,
+        size.num_layers,
+        size.mlp_dim,
+        dropout_rate=size.dropout_rate,
     )
-    embed = torch.nn.Embedding(size.vocab_size, d)
-    torch.nn.init.normal_(embed.weight, std=0.02)  # as ours: small tied logits at init
-    params = list(core.parameters()) + list(embed.parameters())
-    optimizer = torch.optim.Adam(params, lr=1e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     b = {
         k: torch.from_numpy(v.astype(np.int64))
         for k, v in synthetic_translation_batch(size).items()
     }
-    half = d // 2
-    inv_freq = torch.exp(-math.log(10000.0) * torch.arange(half) / max(half - 1, 1))
-
-    def embed_at(tokens, positions):
-        angles = positions.float()[..., None] * inv_freq
-        pos = torch.cat([torch.sin(angles), torch.cos(angles)], -1)
-        return embed(tokens) * math.sqrt(d) + pos
-
-    decoder_in = torch.nn.functional.pad(b["targets"], (1, 0))[:, :-1]
-    causal = torch.nn.Transformer.generate_square_subsequent_mask(size.length)
-    src_pad, tgt_pad = b["inputs_segmentation"] == 0, b["targets_segmentation"] == 0
-    weights = (~tgt_pad).float()
+    weights = (b["targets_segmentation"] > 0).float()
     precision = _torch_precision(dtype)
 
     def forward():
-        y = core(
-            embed_at(b["inputs"], b["inputs_position"]),
-            embed_at(decoder_in, b["targets_position"]),
-            tgt_mask=causal,
-            src_key_padding_mask=src_pad,
-            tgt_key_padding_mask=tgt_pad,
-            memory_key_padding_mask=src_pad,
-            tgt_is_causal=True,
-        )
-        logits = y @ embed.weight.T
+        logits = model(**b)
         xent = torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), b["targets"].flatten(), reduction="none", label_smoothing=0.1
         )

@@ -1,69 +1,195 @@
-"""Export a run's BERT parameters for Hugging Face transformers.
+"""Export a run's trained model to the formats other tools load.
 
-    python -m launch.export --workdir W --format safetensors [--output DIR] [--step N]
+    python -m launch.export --workdir W --format FORMAT [--step N] [--output DIR]
 
-Reads checkpoint N (default: the newest) of W/checkpoints (or --checkpoint_dir) and
-writes DIR/model.safetensors + DIR/config.json (default DIR: W/hf_step<N>), loadable
-with `transformers.BertForPreTraining.from_pretrained(DIR)`.
+Reads checkpoint N (default: the newest) of W/checkpoints (or --checkpoint_dir), on any
+process and device count, and writes:
+
+    --format safetensors  BERT: DIR/model.safetensors + config.json under Hugging Face
+                          `BertForPreTraining` names (default DIR: W/hf_step<N>)
+    --format torch        BERT: the same; Transformer: DIR/transformer.pt, a state_dict of
+                          the torch.nn.Transformer peer (launch/torch_transformer.py) and
+                          its config.json; SSD and Mask R-CNN: DIR/backbone.pth (a
+                          torchvision ResNet state_dict), heads.safetensors and
+                          heads_mapping.json (default DIR: W/torch_step<N>)
+    --format stablehlo    every model: the inference function serialized with jax.export
+                          for --platforms (cpu, cuda, tpu) with its parameters, runnable
+                          with JAX alone (default DIR: W/stablehlo_step<N>); static shapes:
+                          --batch_size, and --input_length for the Transformer
+
+Mappings and layouts: mlperf/bert/hf_export.py, mlperf/transformer/torch_export.py,
+mlperf/detection_export.py, mlperf/stablehlo_export.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Sequence
 
 from absl import app, flags
-from ml_collections import ConfigDict
+
+from launch.cli import EXIT_BAD_INPUT, parse_flags
+
+FORMATS = ("safetensors", "torch", "stablehlo")
+_DEFAULT_DIRS = {"safetensors": "hf", "torch": "torch", "stablehlo": "stablehlo"}
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's work directory.", required=True)
-_FORMAT = flags.DEFINE_enum("format", "safetensors", ["safetensors"], "Output format.")
-_OUTPUT = flags.DEFINE_string("output", "", "Output directory (default: W/hf_step<N>).")
+_FORMAT = flags.DEFINE_enum("format", "safetensors", FORMATS, "Output format.")
+_OUTPUT = flags.DEFINE_string("output", "", "Output directory (default: W/<format>_step<N>).")
 _STEP = flags.DEFINE_integer("step", -1, "Checkpoint step to export (-1: the newest).")
 _CHECKPOINT_DIR = flags.DEFINE_string(
     "checkpoint_dir", "", "Checkpoint directory (default: W/checkpoints)."
 )
+_PLATFORMS = flags.DEFINE_list(
+    "platforms", ["cpu"], "stablehlo: platforms to lower for (cpu, cuda, tpu)."
+)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 8, "stablehlo: the program's batch size.")
+_INPUT_LENGTH = flags.DEFINE_integer(
+    "input_length", 0, "stablehlo, Transformer: source tokens per row (0: data.eval_max_length)."
+)
 
 
-def export(workdir: str, output: str = "", step: int = -1, checkpoint_dir: str = "") -> list[str]:
-    """Restores one checkpoint's parameters and writes them in HF layout; returns paths."""
-    import jax
+def default_output(workdir: str, fmt: str, benchmark: str, step: int) -> str:
+    """W/hf_step<N> for the Hugging Face BERT, W/<format>_step<N> otherwise."""
+    prefix = "hf" if benchmark == "bert" and fmt == "torch" else _DEFAULT_DIRS[fmt]
+    return os.path.join(workdir, f"{prefix}_step{step}")
 
-    from mlperf.bert.hf_export import export_safetensors
-    from mlperf.checkpoint import CheckpointConfig, Checkpointer, checkpoint_metadata
-    from mlperf.trainer import build_trainer
 
-    directory = os.path.abspath(checkpoint_dir or os.path.join(workdir, "checkpoints"))
-    step, meta = checkpoint_metadata(directory, step, workdir)
-    config = ConfigDict(meta["config"])
-    if config.benchmark != "bert":
-        raise ValueError(f"--format safetensors exports BERT; this run is {config.benchmark!r}")
-    # The vocabulary size comes from the checkpoint (no data preparation), and the
-    # parameters are gathered on this host's devices whatever mesh wrote them.
-    vocab_shape = meta["shapes"]["['params']['word_embeddings']['embedding']"][0]
-    config.model.vocab_size = vocab_shape[0]
-    config.mesh.ici_shape = (-1,) + (1,) * (len(config.mesh.axes) - 1)
-    config.mesh.dcn_shape = (1,) * len(config.mesh.axes)
-    trainer = build_trainer(config, prepare_data=False)
-    checkpointer = Checkpointer(
-        CheckpointConfig(directory), trainer.task.target_metric, read_only=True
-    )
-    restored = checkpointer.restore_step(step, trainer.layout.abstract_train_state)
-    checkpointer.close()
-    params = jax.device_get(restored.state["params"])
-    output = output or os.path.join(workdir, f"hf_step{step}")
-    return export_safetensors(params, trainer.task.model_config(), output)
+def export(
+    workdir: str,
+    fmt: str = "safetensors",
+    output: str = "",
+    step: int = -1,
+    checkpoint_dir: str = "",
+    platforms: Sequence[str] = ("cpu",),
+    batch_size: int = 8,
+    input_length: int = 0,
+) -> list[str]:
+    """Restores one checkpoint and writes it in `fmt`; returns the paths written."""
+    from mlperf.stablehlo_export import check_platforms
+    from mlperf.trained_model import load_trained, read_run
+
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    run = read_run(workdir, step, checkpoint_dir)
+    if fmt == "safetensors" and run.benchmark != "bert":
+        raise ValueError(
+            f"--format safetensors writes BERT for Hugging Face; this run is {run.benchmark!r}: "
+            "use --format torch or --format stablehlo"
+        )
+    if fmt == "stablehlo":
+        platforms = check_platforms(platforms)
+        if batch_size < 1:
+            raise ValueError(f"--batch_size {batch_size}: give at least 1")
+    trained = load_trained(run)
+    output = output or default_output(workdir, fmt, run.benchmark, run.step)
+    if fmt == "stablehlo":
+        return _stablehlo(trained, output, platforms, batch_size, input_length)
+    return _torch(trained, output)
+
+
+def _torch(trained, output: str) -> list[str]:
+    """The weights for PyTorch: Hugging Face BERT, the Transformer peer's state_dict, or the
+    detectors' torchvision backbone and heads."""
+    params, benchmark = trained.host_params(), trained.run.benchmark
+    if benchmark == "bert":
+        from mlperf.bert.hf_export import export_safetensors
+
+        return export_safetensors(params, trained.task.model_config(), output)
+    if benchmark == "transformer":
+        from mlperf.torch_save import save_state_dict
+        from mlperf.transformer.torch_export import peer_config, to_torch_state_dict
+
+        cfg = trained.task.model_config()
+        weights = save_state_dict(
+            to_torch_state_dict(params, cfg.num_layers), os.path.join(output, "transformer.pt")
+        )
+        config_path = os.path.join(output, "config.json")
+        with open(config_path, "w") as f:
+            json.dump(peer_config(cfg), f, indent=2)
+        return [weights, config_path]
+    from mlperf.detection_export import export_detector
+
+    return export_detector(params, _backbone_config(trained), output)
+
+
+def _backbone_config(trained):
+    if trained.run.benchmark == "ssd":
+        from mlperf.ssd.model import backbone_config
+
+        return backbone_config(trained.task.model_config())
+    return trained.task.backbone_config()
+
+
+def _stablehlo(trained, output, platforms, batch_size: int, input_length: int) -> list[str]:
+    from mlperf import inference_programs
+    from mlperf.detection_predict import num_classes, run_label_map
+    from mlperf.stablehlo_export import export_program
+
+    benchmark = trained.run.benchmark
+    if benchmark == "bert":
+        program = inference_programs.bert_program(trained, batch_size, _bert_vocab(trained))
+    elif benchmark == "transformer":
+        from mlperf.transformer.predict import Translator
+
+        translator = Translator(trained, _translation_vocab(trained))
+        length = input_length or int(trained.config.data.eval_max_length)
+        program = inference_programs.transformer_program(translator, batch_size, length)
+    else:
+        labels, _ = run_label_map(trained.task, num_classes(trained))
+        make = getattr(inference_programs, f"{benchmark}_program")
+        program = make(trained, batch_size, labels)
+    source = {
+        "workdir": os.path.abspath(os.path.dirname(trained.run.directory)),
+        "benchmark": benchmark,
+        "variant": trained.config.get("variant", ""),
+        "step": trained.run.step,
+    }
+    return export_program(program, trained.host_params(), output, platforms, source)
+
+
+def _bert_vocab(trained) -> str | None:
+    """The run's vocab.txt to ship beside the program, if it can be found."""
+    from mlperf.bert.predict import run_vocab_file
+
+    try:
+        return run_vocab_file(trained.config)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"multipod: warning: no vocab.txt beside the program: {e}", file=sys.stderr)
+        return None
+
+
+def _translation_vocab(trained):
+    from mlperf.transformer.predict import run_vocabulary
+
+    try:
+        return run_vocabulary(trained.config)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"multipod: warning: no vocabulary beside the program: {e}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        paths = export(_WORKDIR.value, _OUTPUT.value, _STEP.value, _CHECKPOINT_DIR.value)
+        paths = export(
+            _WORKDIR.value,
+            _FORMAT.value,
+            _OUTPUT.value,
+            _STEP.value,
+            _CHECKPOINT_DIR.value,
+            _PLATFORMS.value,
+            _BATCH_SIZE.value,
+            _INPUT_LENGTH.value,
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"multipod: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_BAD_INPUT) from None
     print("wrote " + ", ".join(paths))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

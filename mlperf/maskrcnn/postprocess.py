@@ -42,6 +42,19 @@ def paste_masks(
     return (pasted >= threshold).astype(np.uint8)
 
 
+def image_boxes(boxes: np.ndarray, scale: float, height: int, width: int) -> np.ndarray:
+    """Detection boxes [D, 4] (y1, x1, y2, x2 in resized-image pixels) in the original
+    image's pixels: scaled back by 1/scale and clipped to the image."""
+    b = np.asarray(boxes, np.float32) / float(scale)
+    return np.clip(b, 0.0, [height, width, height, width])
+
+
+def yxyx_to_xywh(boxes: np.ndarray) -> np.ndarray:
+    """(y1, x1, y2, x2) boxes [D, 4] -> COCO's (x, y, w, h)."""
+    b = boxes
+    return np.stack([b[:, 1], b[:, 0], b[:, 3] - b[:, 1], b[:, 2] - b[:, 0]], 1)
+
+
 def coco_results(
     evaluator: CocoEvaluator,
     image_ids: np.ndarray,
@@ -66,10 +79,9 @@ def coco_results(
         image_id = int(image_ids[i])
         info = evaluator.gt.imgs[image_id]
         height, width = int(info["height"]), int(info["width"])
-        b = np.asarray(boxes[i][keep], np.float32) / float(scales[i])
-        b = np.clip(b, 0.0, [height, width, height, width])
+        b = image_boxes(boxes[i][keep], scales[i], height, width)
         ids = np.full(len(b), image_id)
-        xywh = np.stack([b[:, 1], b[:, 0], b[:, 3] - b[:, 1], b[:, 2] - b[:, 0]], 1)
+        xywh = yxyx_to_xywh(b)
         box_res += evaluator.box_results(ids, xywh, scores[i][keep], classes[i][keep])
         pasted = paste_masks(masks[i][keep], b, height, width)
         seg_res += evaluator.mask_results(ids, pasted, scores[i][keep], classes[i][keep])

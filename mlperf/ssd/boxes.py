@@ -131,3 +131,12 @@ class BoxEncoder:
             out_labels[matched] = np.asarray(labels)[best_gt[matched]]
             target[matched] = xyxy_to_cxcywh(np.asarray(boxes_xyxy, np.float32))[best_gt[matched]]
         return encode_offsets(target, self.anchors), out_labels
+
+
+def to_pixel_xywh(boxes: np.ndarray, width: np.ndarray, height: np.ndarray) -> np.ndarray:
+    """Normalised (x0, y0, x1, y1) boxes [..., D, 4] of images of `width` x `height`
+    pixels ([...] each) -> (x, y, w, h) in those pixels, as COCO results give them."""
+    size = np.stack([width, height], -1).astype(np.float32)[..., None, :]
+    x0y0 = boxes[..., :2] * size
+    wh = (boxes[..., 2:] - boxes[..., :2]) * size
+    return np.concatenate([x0y0, wh], -1)

@@ -24,7 +24,13 @@ from mlperf.coco_eval import CocoEvaluator
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.pretrained import PretrainedModules
 from mlperf.ssd import data as ssd_data
-from mlperf.ssd.boxes import AnchorConfig, BoxEncoder, decode_offsets, default_boxes
+from mlperf.ssd.boxes import (
+    AnchorConfig,
+    BoxEncoder,
+    decode_offsets,
+    default_boxes,
+    to_pixel_xywh,
+)
 from mlperf.ssd.loss import ssd_loss_per_image
 from mlperf.ssd.model import Ssd, SsdConfig, backbone_config
 from mlperf.ssd.nms import batched_nms
@@ -259,12 +265,10 @@ class SsdTask(Task[SsdData]):
         label) with image ids and the padding mask; same shapes on every host."""
         dets, ids, mask = [], [], []
         for out, batch in zip(outputs, batches, strict=True):
-            size = np.stack([batch["width"], batch["height"]], -1).astype(np.float32)[:, None]
-            x0y0 = out["boxes"][..., :2] * size
-            wh = (out["boxes"][..., 2:] - out["boxes"][..., :2]) * size
+            xywh = to_pixel_xywh(out["boxes"], batch["width"], batch["height"])
             dets.append(
                 np.concatenate(
-                    [x0y0, wh, out["scores"][..., None], out["classes"][..., None]], -1
+                    [xywh, out["scores"][..., None], out["classes"][..., None]], -1
                 ).astype(np.float32)
             )
             ids.append(batch["image_id"].astype(np.int64))
