@@ -214,3 +214,39 @@ def train_steps(config, batches, devices=None) -> StepsRun:
         state, metrics = compiled(state, batch, key)
         losses.append(float(metrics["loss"]))
     return StepsRun(trainer, compiled, state, losses)
+
+
+@pytest.fixture
+def gcs(tmp_path, monkeypatch):
+    """A real GCS-protocol server on 127.0.0.1 (tests/gcs_server.py) with the bucket
+    `multipod-test`, and this process's (and its subprocesses') clients pointed at it."""
+    from gcs_server import GcsServer
+
+    server = GcsServer(str(tmp_path / "gcs-root"))
+    server.start()
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    server.create_bucket("multipod-test")
+    _forget_cached_gcs_clients()
+    yield server
+    server.stop()
+    _forget_cached_gcs_clients()
+
+
+def _forget_cached_gcs_clients() -> None:
+    """fsspec caches one gcsfs instance per set of options; a new server (another port)
+    needs a new one."""
+    import fsspec
+
+    with contextlib_suppress():
+        fsspec.filesystem("gs").clear_instance_cache()
+    with contextlib_suppress():
+        from gcsfs import GCSFileSystem
+
+        GCSFileSystem.clear_instance_cache()
+
+
+def contextlib_suppress():
+    import contextlib
+
+    return contextlib.suppress(Exception)

@@ -1,0 +1,504 @@
+"""The one path layer of the project: local paths and object-store URLs (`gs://bucket/x`).
+
+Every path a run reads or writes goes through here: the work directory, checkpoints,
+logs, TensorBoard and profile folders, and every input file. Local paths behave exactly
+as plain files do (made absolute, `~` expanded); a URL is read and written through
+`etils.epath`, the path type orbax already uses for checkpoints, whose `gs://` backend is
+fsspec's gcsfs when TensorFlow is absent (docs/design.md says why this layer).
+
+An object store has no directories, no appends and no atomic renames: `makedirs` is a
+no-op there, a write replaces a whole object (atomic by itself), and `rename` copies and
+deletes. Errors of the store (missing bucket, permission denied, server unreachable) come
+out as `StorageError`, one line naming the store, the operation and the path.
+
+Tests and local development point the standard endpoint variables at a GCS-protocol
+server: `STORAGE_EMULATOR_HOST` (gcsfs) and, derived from it when unset,
+`TENSORSTORE_GCS_HTTP_URL` (tensorstore, which writes orbax's arrays).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+# Under an emulator: no credentials lookup (nothing may reach a metadata server), no
+# probe of the bucket's layout (gcsfs asks a gRPC control endpoint that only real GCS
+# has, and waits a minute for it). Set before gcsfs or tensorstore read them.
+EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
+
+
+def configure_emulator() -> None:
+    """Points every client at `$STORAGE_EMULATOR_HOST` when it is set (no-op otherwise)."""
+    host = os.environ.get(EMULATOR_ENV, "")
+    if not host:
+        return
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+    os.environ.setdefault("FSSPEC_GS_TOKEN", "anon")
+    os.environ.setdefault("FSSPEC_GCS_TOKEN", "anon")
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host)
+    os.environ.setdefault("GOOGLE_AUTH_TOKEN_FOR_TESTING", "emulator")
+
+
+configure_emulator()
+
+from etils import epath  # noqa: E402 - after the emulator settings
+
+_URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+SUPPORTED_SCHEMES = ("gs",)
+
+
+class StorageError(OSError):
+    """An object-store operation failed: one line naming the store, operation and path."""
+
+
+def scheme(path: str) -> str | None:
+    """'gs' for gs://..., None for a local path."""
+    m = _URL.match(str(path))
+    return m.group(1) if m else None
+
+
+def is_url(path: str) -> bool:
+    """True for an object-store URL (gs://bucket/...), False for a local path."""
+    return scheme(path) is not None
+
+
+def resolve(path: str) -> str:
+    """The canonical form of a path: local ones absolute with `~` expanded, URLs without
+    a trailing slash. Raises StorageError for a scheme the project cannot open."""
+    path = str(path)
+    s = scheme(path)
+    if s is None:
+        return os.path.abspath(os.path.expanduser(path))
+    if s not in SUPPORTED_SCHEMES:
+        raise StorageError(
+            f"{path}: the {s}:// scheme is not supported (supported: local paths and "
+            f"{', '.join(x + '://' for x in SUPPORTED_SCHEMES)})"
+        )
+    if len(path.rstrip("/")) <= len(f"{s}://"):
+        raise StorageError(f"{path}: no bucket named; give {s}://BUCKET/FOLDER")
+    return path.rstrip("/")
+
+
+def join(base: str, *parts: str) -> str:
+    """`base`/`parts` for local paths and URLs alike."""
+    if is_url(base):
+        out = str(base).rstrip("/")
+        for p in parts:
+            out = f"{out}/{str(p).strip('/')}"
+        return out
+    return os.path.join(base, *parts)
+
+
+def parent(path: str) -> str:
+    """The folder holding `path`."""
+    if is_url(path):
+        return str(path).rstrip("/").rsplit("/", 1)[0]
+    return os.path.dirname(path)
+
+
+def basename(path: str) -> str:
+    return str(path).rstrip("/").rsplit("/", 1)[-1]
+
+
+def bucket(path: str) -> str:
+    """The store a URL lives in, e.g. gs://bucket; the path itself for a local path."""
+    if not is_url(path):
+        return path
+    s = scheme(path)
+    return f"{s}://{path[len(s) + 3 :].split('/', 1)[0]}"
+
+
+def as_epath(path: str) -> epath.Path:
+    """The etils path of `path` (what orbax takes)."""
+    return epath.Path(path)
+
+
+def _fs(path: str):
+    """The fsspec file system of a URL (gcsfs for gs://)."""
+    import fsspec
+
+    return fsspec.filesystem(scheme(path))
+
+
+@contextlib.contextmanager
+def errors(operation: str, path: str) -> Iterator[None]:
+    """Turns an object store's errors into StorageError (one line); local errors pass."""
+    if not is_url(path):
+        yield
+        return
+    try:
+        yield
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError):
+        raise
+    except StorageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - gcsfs, aiohttp and google-auth raise many kinds
+        raise StorageError(describe(e, operation, path)) from e
+
+
+def describe(error: BaseException, operation: str, path: str) -> str:
+    """One line for a failed store operation: the store, what was done, and why."""
+    text = " ".join(str(error).split())[:300] or type(error).__name__
+    code = getattr(error, "code", None)
+    store = bucket(path)
+    if code in (401, 403) or "403" in text[:40] or "Forbidden" in text:
+        why = "permission denied (check the credentials of this host: docs/multi-host.md)"
+    elif code == 404 or "bucket does not exist" in text.lower():
+        why = f"not found ({text})"
+    elif _unreachable(error):
+        endpoint = os.environ.get(EMULATOR_ENV, "the storage endpoint")
+        why = f"the store is unreachable ({endpoint}: {type(error).__name__})"
+    else:
+        why = f"{type(error).__name__}: {text}"
+    return f"{store}: {operation} {path} failed: {why}"
+
+
+def _unreachable(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:
+        name = type(seen).__name__
+        if isinstance(seen, ConnectionError | TimeoutError) or "Connect" in name:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+# ---- queries ------------------------------------------------------------------------------
+def exists(path: str) -> bool:
+    if not is_url(path):
+        return os.path.exists(path)
+    with errors("checking", path):
+        return _fs(path).exists(path)
+
+
+def isdir(path: str) -> bool:
+    """A local folder, or a URL prefix under which at least one object exists."""
+    if not is_url(path):
+        return os.path.isdir(path)
+    with errors("listing", path):
+        return _fs(path).isdir(path)
+
+
+def isfile(path: str) -> bool:
+    if not is_url(path):
+        return os.path.isfile(path)
+    with errors("checking", path):
+        return _fs(path).isfile(path)
+
+
+def size(path: str) -> int:
+    """Bytes of a file or object (FileNotFoundError when absent)."""
+    if not is_url(path):
+        return os.path.getsize(path)
+    with errors("reading the size of", path):
+        return int(_fs(path).size(path))
+
+
+def size_or_zero(path: str) -> int:
+    try:
+        return size(path)
+    except FileNotFoundError:
+        return 0
+
+
+def listdir(path: str) -> list[str]:
+    """Names directly under a folder or prefix ([] when there is none), sorted."""
+    if not is_url(path):
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    with errors("listing", path):
+        fs = _fs(path)
+        try:
+            entries = fs.ls(path, detail=False, refresh=True)
+        except FileNotFoundError:
+            return []
+    return sorted({basename(e) for e in entries if basename(e)})
+
+
+def file_sizes(path: str) -> dict[str, int]:
+    """Every file under a folder or prefix, relative path -> bytes."""
+    if not is_url(path):
+        out = {}
+        for root, _, files in os.walk(path):
+            for name in files:
+                full = os.path.join(root, name)
+                out[os.path.relpath(full, path)] = os.path.getsize(full)
+        return out
+    with errors("listing", path):
+        fs = _fs(path)
+        try:
+            found = fs.find(path, detail=True, refresh=True)
+        except FileNotFoundError:
+            return {}
+    prefix = fs._strip_protocol(path).rstrip("/") + "/"
+    return {
+        name[len(prefix) :]: int(info.get("size") or 0)
+        for name, info in found.items()
+        if name.startswith(prefix) and info.get("type") != "directory"
+    }
+
+
+def glob(pattern: str) -> list[str]:
+    """Paths matching a shell pattern (one level of `*` per folder), sorted."""
+    if not is_url(pattern):
+        import glob as _glob
+
+        return sorted(_glob.glob(os.path.expanduser(pattern)))
+    with errors("listing", pattern):
+        fs = _fs(pattern)
+        found = fs.glob(pattern)
+    s = scheme(pattern)
+    return sorted(f"{s}://{f}" if not is_url(f) else f for f in found)
+
+
+# ---- reading and writing ------------------------------------------------------------------
+def open_file(path: str, mode: str = "rb", **kwargs: Any) -> IO:
+    """An open file: a local one, or an object read in ranges (seek works) or written
+    whole on close."""
+    if not is_url(path):
+        return open(path, mode, **kwargs)  # noqa: SIM115 - the caller closes it
+    with errors("opening", path):
+        return _fs(path).open(path, mode, **kwargs)
+
+
+def read_bytes(path: str) -> bytes:
+    with open_file(path, "rb") as f, errors("reading", path):
+        return f.read()
+
+
+def read_text(path: str) -> str:
+    return read_bytes(path).decode("utf-8")
+
+
+def read_range(path: str, offset: int, length: int) -> bytes:
+    """`length` bytes of a file from `offset` (a ranged read of an object: no download)."""
+    if not is_url(path):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+    with errors("reading", path):
+        return _fs(path).cat_file(path, start=offset, end=offset + length)
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Writes a whole file atomically: a local one through a temporary file and a rename,
+    an object in one upload (a reader sees the old or the new object, never part)."""
+    if not is_url(path):
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        return
+    with errors("writing", path):
+        _fs(path).pipe_file(path, data)
+
+
+def write_text(path: str, text: str) -> None:
+    write_bytes(path, text.encode("utf-8"))
+
+
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Writes `path` only if it does not exist (the store's atomic create: a local
+    O_EXCL open, an object upload with generation precondition 0). False if it existed."""
+    if not is_url(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    with errors("creating", path):
+        try:
+            _fs(path).pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        except Exception as e:  # noqa: BLE001 - gcsfs reports a failed precondition as 412
+            if getattr(e, "code", None) == 412 or "412" in str(e)[:60]:
+                return False
+            raise
+    return True
+
+
+def upload(local: str, remote: str) -> None:
+    """Copies a local file to `remote` (a URL or another local path)."""
+    if not is_url(remote):
+        os.makedirs(os.path.dirname(os.path.abspath(remote)), exist_ok=True)
+        shutil.copyfile(local, remote)
+        return
+    with errors("uploading to", remote):
+        _fs(remote).put_file(local, remote)
+
+
+def download(remote: str, local: str) -> None:
+    """Copies `remote` (a URL or a local path) to the local file `local`."""
+    os.makedirs(os.path.dirname(os.path.abspath(local)), exist_ok=True)
+    if not is_url(remote):
+        shutil.copyfile(remote, local)
+        return
+    with errors("downloading", remote):
+        _fs(remote).get_file(remote, local)
+
+
+# ---- changing the tree --------------------------------------------------------------------
+def makedirs(path: str) -> None:
+    """Creates a local folder (and its parents); nothing to do for an object store."""
+    if not is_url(path):
+        os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str) -> None:
+    if not is_url(path):
+        os.remove(path)
+        return
+    with errors("deleting", path):
+        _fs(path).rm_file(path)
+
+
+def rmtree(path: str) -> None:
+    """Deletes a folder or every object under a prefix (no error when absent)."""
+    if not is_url(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    with errors("deleting", path):
+        with contextlib.suppress(FileNotFoundError):
+            _fs(path).rm(path, recursive=True)
+
+
+def rename(src: str, dst: str) -> None:
+    """Moves a file or folder; on an object store every object is copied, then deleted
+    (not atomic: callers write a marker they check, as orbax does)."""
+    if not is_url(src):
+        os.rename(src, dst)
+        return
+    with errors("moving", src):
+        _fs(src).mv(src, dst, recursive=True)
+
+
+# ---- a local copy of a remote input -------------------------------------------------------
+def cache_root() -> str:
+    """Where local copies of remote inputs go ($MULTIPOD_STORAGE_CACHE, else
+    ~/.cache/multipod/storage)."""
+    return os.path.expanduser(
+        os.environ.get("MULTIPOD_STORAGE_CACHE", "~/.cache/multipod/storage")
+    )
+
+
+# Bounded: the oldest copies go first once the cache holds more than this.
+CACHE_LIMIT_BYTES = int(os.environ.get("MULTIPOD_STORAGE_CACHE_BYTES", str(8 << 30)))
+
+
+def local_copy(path: str) -> str:
+    """A local file with `path`'s bytes: `path` itself when local; for a URL a copy in a
+    cache keyed by the URL, the object's size and its generation (a changed object is
+    fetched again), the least recently used copies removed beyond CACHE_LIMIT_BYTES.
+    For inputs that a library opens by name (a vocabulary, COCO annotations)."""
+    if not is_url(path):
+        return path
+    with errors("reading", path):
+        info = _fs(path).info(path)
+    version = f"{path}|{info.get('size')}|{info.get('generation') or info.get('etag') or ''}"
+    key = hashlib.sha256(version.encode()).hexdigest()[:24]
+    root = cache_root()
+    target = os.path.join(root, key, basename(path))
+    if os.path.exists(target):
+        os.utime(target)  # recently used
+        return target
+    tmp = f"{target}.{os.getpid()}.partial"
+    download(path, tmp)
+    os.replace(tmp, target)
+    _trim_cache(root, keep=target)
+    return target
+
+
+def _trim_cache(root: str, keep: str) -> None:
+    entries = []
+    for folder in os.listdir(root):
+        for name in os.listdir(os.path.join(root, folder)):
+            full = os.path.join(root, folder, name)
+            if full != keep and not name.endswith(".partial"):
+                st = os.stat(full)
+                entries.append((st.st_mtime, st.st_size, full))
+    total = sum(e[1] for e in entries) + os.path.getsize(keep)
+    for _, nbytes, full in sorted(entries):
+        if total <= CACHE_LIMIT_BYTES:
+            break
+        with contextlib.suppress(OSError):
+            os.remove(full)
+            os.rmdir(os.path.dirname(full))
+        total -= nbytes
+
+
+def staging_dir(workdir: str) -> str:
+    """A local folder standing for a remote work directory: files that are appended to
+    (logs, TensorBoard events, profiles) are written here and uploaded. A local work
+    directory is its own staging folder."""
+    if not is_url(workdir):
+        return workdir
+    key = hashlib.sha256(workdir.encode()).hexdigest()[:16]
+    path = os.path.join(cache_root(), "workdirs", f"{key}-{basename(workdir)}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def errno_of(error: BaseException) -> int | None:
+    """The operating-system errno behind an error, if any."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+__all__ = [
+    "EMULATOR_ENV",
+    "StorageError",
+    "as_epath",
+    "basename",
+    "bucket",
+    "configure_emulator",
+    "create_exclusive",
+    "download",
+    "errno_of",
+    "errors",
+    "exists",
+    "file_sizes",
+    "glob",
+    "is_url",
+    "isdir",
+    "isfile",
+    "join",
+    "listdir",
+    "local_copy",
+    "makedirs",
+    "open_file",
+    "parent",
+    "read_bytes",
+    "read_range",
+    "read_text",
+    "remove",
+    "rename",
+    "resolve",
+    "rmtree",
+    "scheme",
+    "size",
+    "size_or_zero",
+    "staging_dir",
+    "upload",
+    "write_bytes",
+    "write_text",
+]

@@ -1,0 +1,90 @@
+"""The path layer (input_pipeline/storage.py) on local folders and on a real GCS-protocol
+server: the same calls, the same answers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from input_pipeline import storage
+
+
+@pytest.fixture(params=["local", "gs"])
+def root(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "store")
+    request.getfixturevalue("gcs")
+    return "gs://multipod-test/store"
+
+
+def test_paths_resolve_without_string_surgery(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert storage.resolve("run") == str(tmp_path / "run")
+    assert storage.resolve("gs://b/run/") == "gs://b/run"
+    assert storage.join("gs://b/run", "checkpoints", "7") == "gs://b/run/checkpoints/7"
+    assert storage.parent("gs://b/run/x") == "gs://b/run"
+    assert storage.bucket("gs://b/run/x") == "gs://b"
+    assert storage.is_url("gs://b") and not storage.is_url(str(tmp_path))
+    with pytest.raises(storage.StorageError, match="s3:// scheme is not supported"):
+        storage.resolve("s3://b/run")
+    with pytest.raises(storage.StorageError, match="no bucket named"):
+        storage.resolve("gs://")
+
+
+def test_write_read_list_and_remove_alike(root):
+    storage.makedirs(root)
+    a = storage.join(root, "a.txt")
+    storage.write_text(a, "hello")
+    storage.write_bytes(storage.join(root, "sub", "b.bin"), bytes(range(100)))
+    assert storage.read_text(a) == "hello"
+    assert storage.exists(a) and storage.isfile(a) and not storage.isdir(a)
+    assert storage.isdir(storage.join(root, "sub"))
+    assert storage.size(storage.join(root, "sub", "b.bin")) == 100
+    assert storage.read_range(storage.join(root, "sub", "b.bin"), 10, 5) == bytes(range(10, 15))
+    assert storage.listdir(root) == ["a.txt", "sub"]
+    assert storage.file_sizes(root) == {"a.txt": 5, os.path.join("sub", "b.bin"): 100}
+    with storage.open_file(storage.join(root, "sub", "b.bin")) as f:
+        f.seek(98)
+        assert f.read() == bytes([98, 99])
+    storage.write_text(a, "replaced")  # a whole-file write replaces
+    assert storage.read_text(a) == "replaced"
+    storage.rename(storage.join(root, "sub"), storage.join(root, "moved"))
+    assert storage.listdir(root) == ["a.txt", "moved"]
+    storage.remove(a)
+    assert not storage.exists(a)
+    storage.rmtree(storage.join(root, "moved"))
+    assert storage.listdir(root) == []
+    assert storage.listdir(storage.join(root, "never")) == []
+    assert storage.size_or_zero(storage.join(root, "never")) == 0
+
+
+def test_create_exclusive_refuses_an_existing_file(root):
+    path = storage.join(root, "lease.json")
+    assert storage.create_exclusive(path, b"first")
+    assert not storage.create_exclusive(path, b"second")
+    assert storage.read_bytes(path) == b"first"
+
+
+def test_a_local_copy_of_an_object_is_keyed_by_its_version(gcs, tmp_path, monkeypatch):
+    monkeypatch.setenv("MULTIPOD_STORAGE_CACHE", str(tmp_path / "cache"))
+    url = "gs://multipod-test/vocab.txt"
+    storage.write_text(url, "one\ntwo\n")
+    first = storage.local_copy(url)
+    assert open(first).read() == "one\ntwo\n" and first.startswith(str(tmp_path / "cache"))
+    assert storage.local_copy(url) == first  # cached
+    storage.write_text(url, "one\ntwo\nthree\n")
+    second = storage.local_copy(url)
+    assert second != first and open(second).read().endswith("three\n")
+
+
+def test_store_faults_are_one_line(gcs):
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes("gs://multipod-test/absent")
+    gcs.stop()
+    with pytest.raises(storage.StorageError) as raised:
+        storage.write_text("gs://multipod-test/x", "y")
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("gs://multipod-test: writing gs://multipod-test/x failed")
+    assert "unreachable" in message
