@@ -373,9 +373,8 @@ def rmtree(path: str) -> None:
     if not is_url(path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    with errors("deleting", path):
-        with contextlib.suppress(FileNotFoundError):
-            _fs(path).rm(path, recursive=True)
+    with errors("deleting", path), contextlib.suppress(FileNotFoundError):
+        _fs(path).rm(path, recursive=True)
 
 
 def rename(src: str, dst: str) -> None:
@@ -392,9 +391,7 @@ def rename(src: str, dst: str) -> None:
 def cache_root() -> str:
     """Where local copies of remote inputs go ($MULTIPOD_STORAGE_CACHE, else
     ~/.cache/multipod/storage)."""
-    return os.path.expanduser(
-        os.environ.get("MULTIPOD_STORAGE_CACHE", "~/.cache/multipod/storage")
-    )
+    return os.path.expanduser(os.environ.get("MULTIPOD_STORAGE_CACHE", "~/.cache/multipod/storage"))
 
 
 # Bounded: the oldest copies go first once the cache holds more than this.

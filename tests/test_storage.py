@@ -71,11 +71,11 @@ def test_a_local_copy_of_an_object_is_keyed_by_its_version(gcs, tmp_path, monkey
     url = "gs://multipod-test/vocab.txt"
     storage.write_text(url, "one\ntwo\n")
     first = storage.local_copy(url)
-    assert open(first).read() == "one\ntwo\n" and first.startswith(str(tmp_path / "cache"))
+    assert storage.read_text(first) == "one\ntwo\n" and first.startswith(str(tmp_path / "cache"))
     assert storage.local_copy(url) == first  # cached
     storage.write_text(url, "one\ntwo\nthree\n")
     second = storage.local_copy(url)
-    assert second != first and open(second).read().endswith("three\n")
+    assert second != first and storage.read_text(second).endswith("three\n")
 
 
 def test_store_faults_are_one_line(gcs):
