@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -48,6 +49,10 @@ def configure_emulator() -> None:
 configure_emulator()
 
 from etils import epath  # noqa: E402 - after the emulator settings
+
+# gcsfs logs every request that ran out of retries with its traceback; the error itself
+# reaches the caller, which reports it in one line (StorageError).
+logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 SUPPORTED_SCHEMES = ("gs",)

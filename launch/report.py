@@ -29,6 +29,8 @@ from typing import Any
 
 from absl import app, flags
 
+from input_pipeline import storage
+
 _PUBLISHED = flags.DEFINE_list(
     "published", [], "Official MLPerf result files or folders of them (result_*.txt)."
 )
@@ -42,14 +44,14 @@ def read_mllog(path: str) -> list[dict[str, Any]]:
     """The `:::MLLOG {json}` events of a log, in order (other lines, e.g. a host prefix
     before the marker or plain program output, are skipped)."""
     events = []
-    with open(path, errors="replace") as f:
-        for line in f:
-            match = _MLLOG_LINE.search(line)
-            if match:
-                try:
-                    events.append(json.loads(match.group(1)))
-                except json.JSONDecodeError:
-                    continue  # a line cut by a crashed writer
+    text = storage.read_bytes(path).decode("utf-8", errors="replace")
+    for line in text.splitlines():
+        match = _MLLOG_LINE.search(line)
+        if match:
+            try:
+                events.append(json.loads(match.group(1)))
+            except json.JSONDecodeError:
+                continue  # a line cut by a crashed writer
     return events
 
 
@@ -175,20 +177,19 @@ class Run:
 
 def load_run(workdir: str) -> Run:
     """Reads a run's workdir; a clear error when it is not a finished run."""
-    path = os.path.join(workdir, "result.json")
-    if not os.path.exists(path):
+    path = storage.join(workdir, "result.json")
+    if not storage.exists(path):
         raise FileNotFoundError(
             f"{path} not found: give the --workdir of a finished launch.train run."
         )
-    with open(path) as f:
-        result = json.load(f)
-    mllog = os.path.join(workdir, "mllog.txt")
-    events = read_mllog(mllog) if os.path.exists(mllog) else []
+    result = json.loads(storage.read_text(path))
+    mllog = storage.join(workdir, "mllog.txt")
+    events = read_mllog(mllog) if storage.exists(mllog) else []
     metrics = []
-    jsonl = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(jsonl):
-        with open(jsonl) as f:
-            metrics = [json.loads(line) for line in f if line.strip()]
+    jsonl = storage.join(workdir, "metrics.jsonl")
+    if storage.exists(jsonl):
+        lines = storage.read_text(jsonl).splitlines()
+        metrics = [json.loads(line) for line in lines if line.strip()]
     return Run(workdir, result, events, metrics)
 
 

@@ -89,11 +89,11 @@ def _fail(message: str, workdir: str | None, keep_traceback: bool) -> None:
     where = ""
     if workdir and keep_traceback:
         # Keep the traceback for bugs that surface as ValueError, without burying the message.
-        path = os.path.join(workdir, "error.txt")
+        from input_pipeline import storage
+
         try:
-            os.makedirs(workdir, exist_ok=True)
-            with open(path, "w") as f:
-                f.write(traceback.format_exc())
+            path = storage.join(storage.resolve(workdir), "error.txt")
+            storage.write_text(path, traceback.format_exc())
             where = f" (traceback in {path}; set MULTIPOD_DEBUG=1 to raise it)"
         except OSError:  # the error may be that the workdir cannot be written
             pass

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from input_pipeline import storage
 
 FILE = "goodput.json"
 BUCKETS = (
@@ -86,18 +87,15 @@ class Goodput:
 
     def write(self, workdir: str) -> None:
         """Writes WORKDIR/goodput.json atomically (call on process 0 only)."""
-        path = os.path.join(workdir, FILE)
-        with open(path + ".tmp", "w") as f:
-            json.dump(dataclasses.asdict(self), f, indent=1, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        text = json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
+        storage.write_text(storage.join(workdir, FILE), text)  # atomic, local or object
 
     @classmethod
     def read(cls, workdir: str) -> Goodput | None:
         """The ledger of the run's earlier attempts; None when there is none (or it cannot
         be read: it is bookkeeping, never a reason to stop a run)."""
         try:
-            with open(os.path.join(workdir, FILE)) as f:
-                saved = json.load(f)
+            saved = json.loads(storage.read_text(storage.join(workdir, FILE)))
         except (OSError, ValueError):
             return None
         names = {f.name for f in dataclasses.fields(cls)}

@@ -67,6 +67,11 @@ class MlLog:
         for key, value in params.items():
             self.event(key, value, metadata=(metadata or {}).get(key))
 
+    def flush(self) -> None:
+        """Writes buffered lines to the file (before it is uploaded or measured)."""
+        if self._handler is not None:
+            self._handler.flush()
+
     def close(self) -> None:
         if self._handler is not None:
             self._handler.flush()

@@ -3,13 +3,16 @@ about to run, reads every other host's record, and all of them stop with the sam
 if any two differ.
 
 A host record holds a hash of the project's source, the jax/jaxlib/libtpu versions, the
-resolved config, a data fingerprint and the devices the host holds. Different code or
+resolved config, a data fingerprint, the devices the host holds, the resolved work
+directory and the newest committed checkpoint step the host sees there. Different code or
 config on one host otherwise shows up as a hang in the first collective or as an
-"inconsistent program" error hours later.
+"inconsistent program" error hours later; hosts that see different checkpoints (a work
+directory on each host's own disk after a preemption) would resume from different steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -31,6 +34,15 @@ _KEY = "multipod/preflight/{}"
 
 class PreflightError(ConfigError):
     """Hosts disagree on code, versions, config, data or devices; the message names them."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostView:
+    """What a host sees of the run's state: the resolved work directory and the newest
+    committed checkpoint step there (None: none)."""
+
+    workdir: str
+    newest_checkpoint: int | None
 
 
 def source_hash(root: str | None = None) -> str:
@@ -55,10 +67,20 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def host_record(config, data_fingerprint: str, expected_local_devices: int) -> dict[str, Any]:
+def host_record(
+    config, data_fingerprint: str, expected_local_devices: int, seen: HostView | None = None
+) -> dict[str, Any]:
     """What this host is about to run: every field must be equal on all hosts."""
     devices = jax.local_devices()
+    view = {}
+    if seen is not None:
+        newest = seen.newest_checkpoint
+        view = {
+            "workdir": seen.workdir,
+            "newest checkpoint step": "none" if newest is None else newest,
+        }
     return {
+        **view,
         "code": source_hash(),
         "python": ".".join(map(str, sys.version_info[:2])),
         "jax": _version("jax"),
@@ -112,7 +134,13 @@ def _differ(name: str, values: list[Any]) -> list[str]:
     return [f"{name}: {'; '.join(parts)}"]
 
 
-def check_hosts(config, data_fingerprint: str, mesh_size: int, timeout_s: int = 300) -> None:
+def check_hosts(
+    config,
+    data_fingerprint: str,
+    mesh_size: int,
+    seen: HostView | None = None,
+    timeout_s: int = 300,
+) -> None:
     """Exchanges host records through jax.distributed's key-value store; raises
     PreflightError (the same on every host) if any two hosts differ. No-op for one host."""
     n = jax.process_count()
@@ -122,7 +150,7 @@ def check_hosts(config, data_fingerprint: str, mesh_size: int, timeout_s: int = 
 
     client = distributed.global_state.client
     me = jax.process_index()
-    record = host_record(config, data_fingerprint, mesh_size // n)
+    record = host_record(config, data_fingerprint, mesh_size // n, seen)
     client.key_value_set(_KEY.format(me), json.dumps(record, sort_keys=True, default=str))
     records = []
     for i in range(n):
@@ -141,7 +169,8 @@ def check_hosts(config, data_fingerprint: str, mesh_size: int, timeout_s: int = 
         shown = " | ".join(found[:6]) + (f" | ... {len(found) - 6} more" if len(found) > 6 else "")
         raise PreflightError(
             f"preflight: the {n} hosts differ, so none of them starts: {shown}. Run the "
-            "same code, versions, command and data on every host."
+            "same code, versions, command and data on every host, with the work directory "
+            "in a bucket (gs://...) that every host reads."
         )
 
 

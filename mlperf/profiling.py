@@ -22,6 +22,8 @@ from typing import Any
 
 import jax
 
+from mlperf.staged_files import StagedWorkdir
+
 SUBDIR = "profile"
 
 
@@ -49,7 +51,9 @@ class ProfileWindow:
 
     def __init__(self, spec: str, workdir: str, enabled: bool = True):
         self.window = parse_steps(spec)
-        self.logdir = os.path.join(workdir, SUBDIR)
+        # Written locally (the profiler appends), uploaded for a work directory in a bucket.
+        self.staged = StagedWorkdir(workdir)
+        self.logdir = self.staged.path(SUBDIR)
         self.enabled = enabled and self.window is not None
         self.active = False
         self.done = False
@@ -78,6 +82,7 @@ class ProfileWindow:
         jax.profiler.stop_trace()
         self.active = False
         self.done = True
+        self.staged.push(SUBDIR)
 
     def trace_files(self) -> list[str]:
         """The trace files written so far (xplane protobufs)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -13,6 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+
+from input_pipeline import storage
 
 
 def params_fingerprint(params: Any) -> str:
@@ -203,12 +204,10 @@ class RunResult(Mapping):
 
 def write_result(workdir: str, result: RunResult | Mapping[str, Any]) -> str:
     """Writes workdir/result.json (process 0 only) and returns its path."""
-    path = os.path.join(workdir, "result.json")
+    path = storage.join(workdir, "result.json")
     if jax.process_index() == 0:
         data = result.as_dict() if isinstance(result, RunResult) else dict(result)
-        with open(path + ".tmp", "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-        os.replace(path + ".tmp", path)
+        storage.write_text(path, json.dumps(data, indent=2, sort_keys=True))
     return path
 
 

@@ -12,7 +12,9 @@ The sinks are the MLPerf log (mlperf/mllog.py), `metrics.jsonl` (one JSON object
 logged step and per eval, for plots and run comparisons), TensorBoard scalars
 (mlperf/summaries.py) and the console progress line (mlperf/reporting.py). Only process
 0 writes files and prints; a resumed run cuts the two logs back to their sizes at the
-checkpoint (`resume`) so that its lines follow on from there.
+checkpoint (`resume`) so that its lines follow on from there. In a work directory in a
+bucket the files are written locally and uploaded at every progress line, eval,
+checkpoint and at the end (mlperf/staged_files.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 
 from mlperf.mllog import MlLog, keys
 from mlperf.reporting import Progress
+from mlperf.staged_files import StagedWorkdir
+from mlperf.summaries import SUBDIR as TENSORBOARD
 from mlperf.summaries import RunSummaries
 
 MLLOG = "mllog.txt"
@@ -41,8 +45,18 @@ class RunLog:
 
     def __init__(self, workdir: str, is_main: bool, resuming: bool = False):
         self.workdir, self.is_main, self.resuming = workdir, is_main, resuming
-        self.mllog_path = os.path.join(workdir, MLLOG)
-        self.metrics_path = os.path.join(workdir, METRICS)
+        self.staged = StagedWorkdir(workdir)
+        if is_main:  # the bucket's copies (a resumed run) or none (a new run)
+            for name in (MLLOG, METRICS):
+                if resuming:
+                    self.staged.pull(name)
+                else:
+                    self.staged.discard(name)
+        # The files written (local; in the staging folder for a bucket)...
+        self.mllog_path = self.staged.path(MLLOG)
+        self.metrics_path = self.staged.path(METRICS)
+        # ...and where they end up (result.json names this one).
+        self.mllog_url = self.staged.url(MLLOG)
         # A resumed run continues the log written so far (reopened by `resume`).
         self._mllog = MlLog(self.mllog_path, enabled=is_main and not resuming, stack_offset=CALLER)
         self._summaries: RunSummaries | None = None
@@ -85,12 +99,24 @@ class RunLog:
                 os.truncate(self.metrics_path, min(metrics_bytes, file_size(self.metrics_path)))
         self._mllog.close()
         self._mllog = MlLog(self.mllog_path, enabled=self.is_main, append=True, stack_offset=CALLER)
+        self.upload()
 
     def sizes(self) -> tuple[int, int]:
-        """(MLPerf log bytes, metrics.jsonl bytes) now, for a checkpoint's metadata."""
+        """(MLPerf log bytes, metrics.jsonl bytes) now, for a checkpoint's metadata; both
+        are uploaded first, so a resume from that checkpoint finds at least those bytes."""
         if not self.is_main:
             return 0, 0
+        self.upload()
         return file_size(self.mllog_path), file_size(self.metrics_path)
+
+    def upload(self) -> None:
+        """Uploads the changed logs of a work directory in a bucket (no-op for a local
+        one); a failure is one warning, and the next call tries again."""
+        if self.is_main and self.staged.remote:
+            self._mllog.flush()
+            if self._summaries is not None:
+                self._summaries.flush()
+            self.staged.push(MLLOG, METRICS, TENSORBOARD)
 
     # ---- training ------------------------------------------------------------------------
     def begin_training(
@@ -115,7 +141,7 @@ class RunLog:
         """Opens the TensorBoard writer (once). Init calls it before `run_start`: loading
         tensorboardX takes about a second that is not training."""
         if self._summaries is None:
-            self._summaries = RunSummaries(self.workdir, enabled=self.is_main)
+            self._summaries = RunSummaries(self.staged.path(""), enabled=self.is_main)
 
     def train(
         self, step: int, samples: int, metrics: dict[str, float], paused_s: float = 0.0
@@ -127,6 +153,7 @@ class RunLog:
         self._summaries.train(step, metrics, p.samples_per_s, p.mfu)
         perf = {"samples_per_s": p.samples_per_s, "mfu": p.mfu}
         self._record(step, samples, {"kind": "train", **metrics, **perf})
+        self.upload()
 
     def eval(self, step: int, samples: int, metrics: dict[str, Any]) -> None:
         """A finished eval: MLPerf `eval_accuracy` (the target metric), TensorBoard,
@@ -141,6 +168,7 @@ class RunLog:
                 f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()
             )
             print(f"eval @ {samples} samples (step {step}): {shown}", flush=True)
+        self.upload()
 
     def _record(self, step: int, samples: int, entry: dict[str, Any]) -> None:
         if self.is_main:
@@ -155,6 +183,9 @@ class RunLog:
             self._summaries.close()
 
     def close(self) -> None:
-        """Closes every sink (any number of times)."""
+        """Closes every sink (any number of times), the logs uploaded."""
         self.end_training()
         self._mllog.close()
+        pushed = self.staged.push(MLLOG, METRICS, TENSORBOARD) if self.is_main else True
+        if not pushed:
+            print(f"WARNING: the logs of this run stay in {self.staged.local}", flush=True)

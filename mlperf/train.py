@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from input_pipeline import storage
 from mlperf import compilation_cache
 from mlperf.checkpoint import (
     CheckpointConfig,
@@ -39,7 +40,7 @@ from mlperf.loop import PhaseRun, TrainLoop
 from mlperf.loop_state import LoopState
 from mlperf.mllog import keys
 from mlperf.peak_flops import peak_for_devices
-from mlperf.preflight import check_hosts, data_fingerprint
+from mlperf.preflight import HostView, check_hosts, data_fingerprint
 from mlperf.process_sync import wait_for_every_process
 from mlperf.profiling import parse_steps
 from mlperf.reporting import RunResult, params_fingerprint, summary_paragraph, write_result
@@ -49,7 +50,7 @@ from mlperf.train_state import (
     stored_state_codec,
 )
 from mlperf.trainer import build_trainer
-from mlperf.validate import check_workdir
+from mlperf.validate import ConfigError, check_workdir
 from parallel.mesh import mesh_shape
 
 
@@ -69,10 +70,12 @@ def run(
     only in keys that cannot alter the training trajectory or in `allow_config_change`."""
     init_wall = time.time()
     parse_steps(profile_steps)  # a bad --profile_steps fails before anything is built
+    workdir = _resolve_workdir(workdir)  # absolute, or a bucket URL (input_pipeline.storage)
     ckpt_cfg = CheckpointConfig.from_config(config, workdir)
     SpikeRule.from_config(config)  # so do bad checkpoint settings
     allowed = _allowed_changes(allow_config_change, config)
-    resuming = ckpt_cfg.enabled and bool(committed_steps(ckpt_cfg.directory))
+    newest = newest_checkpoint(ckpt_cfg)
+    resuming = newest is not None
     # Room for the next checkpoint (as large as the newest one) and the logs.
     need = free_space_needed(ckpt_cfg.directory) if ckpt_cfg.enabled else FIRST_RUN_BYTES
     check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None, -(-need // (1 << 20)))
@@ -90,7 +93,10 @@ def run(
     trainer = build_trainer(config)
     goodput.add("data_prep_s", trainer.data_prep_s)
     task, partitioner, phases = trainer.task, trainer.partitioner, trainer.phases
-    check_hosts(config, data_fingerprint(task), partitioner.mesh.size)  # before compiling
+    # Before compiling: every host runs the same code, config and data, in the same work
+    # directory, and sees the same newest checkpoint (so all resume, or none).
+    seen = HostView(workdir, newest)
+    check_hosts(config, data_fingerprint(task), partitioner.mesh.size, seen)
     # A pretrained checkpoint that does not fit the model fails here, before compiling.
     pretrained = None if resuming else trainer.pretrained()
     log.submission_info(task.benchmark, _platform_name(partitioner.mesh))
@@ -229,7 +235,7 @@ def run(
         processes=jax.process_count(),
         params=param_count(trainer.layout),
         params_fingerprint=params_fingerprint(state["params"]),
-        mllog=log.mllog_path,
+        mllog=log.mllog_url,
         **s.to_target,
         **log.progress.result_fields(run_time, s.samples),
         peak_flops_source=peak.source,
@@ -254,6 +260,21 @@ def run(
         if result.final_eval:
             print(f"final eval after training: {json.dumps(result.final_eval)}", flush=True)
     return result
+
+
+def _resolve_workdir(workdir: str) -> str:
+    try:
+        return storage.resolve(workdir)
+    except storage.StorageError as e:
+        raise ConfigError(f"--workdir {workdir}: {e}") from None
+
+
+def newest_checkpoint(ckpt_cfg: CheckpointConfig) -> int | None:
+    """The newest committed checkpoint step this host sees (None: none, or disabled)."""
+    if not ckpt_cfg.enabled:
+        return None
+    steps = committed_steps(ckpt_cfg.directory)
+    return steps[-1] if steps else None
 
 
 def _init_buckets(goodput: Goodput) -> float:

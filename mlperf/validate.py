@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from input_pipeline import storage
 from mlperf.optimizer import OPTIMIZERS
 from parallel.data_parallel import GradReduction
 from parallel.mesh import MeshShapeError, resolve_mesh_shape
@@ -164,11 +165,37 @@ def _probe_write(path: str) -> None:
     os.remove(probe)
 
 
+def _probe_store(name: str, path: str) -> None:
+    """Writes and deletes a probe object: a missing bucket, missing permission or an
+    unreachable store is one line before anything is built."""
+    probe = storage.join(path, f".write_probe_{os.getpid()}")
+    try:
+        storage.write_bytes(probe, b"\0" * 16)
+        storage.remove(probe)
+    except OSError as e:
+        raise ConfigError(
+            f"{name} {path}: cannot write there ({e}); check the bucket name and this "
+            "host's credentials (docs/multi-host.md)."
+        ) from None
+
+
 def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: int = 64) -> None:
     """Fails before anything is built if the work (or checkpoint) directory cannot be
-    created or written, or its disk is (nearly) full."""
+    created or written, or its disk is (nearly) full. A folder in a bucket takes a probe
+    object; an object store has no free space to check (said once)."""
+    said_store = False
     for name, path in (("--workdir", workdir), ("checkpoint.dir", checkpoint_dir)):
         if not path:
+            continue
+        if storage.is_url(path):
+            _probe_store(name, path)
+            if not said_store:
+                said_store = True
+                print(
+                    f"{name} {path} is in the object store {storage.bucket(path)}: "
+                    "no free-space check there.",
+                    flush=True,
+                )
             continue
         try:
             _probe_write(path)

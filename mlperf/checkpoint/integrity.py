@@ -11,14 +11,18 @@ is read.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
 
+from input_pipeline import storage
+
 PyTree = Any
 # Written into a step directory once orbax has committed it: every file and its size.
 MANIFEST = "multipod_manifest.json"
+# On an object store orbax writes a step in place (there is no atomic rename) and marks
+# it committed with this object once every item and process has finished.
+COMMIT_MARKER = "commit_success.txt"
 
 
 class CheckpointMismatchError(ValueError):
@@ -53,31 +57,24 @@ def check_compatible(saved: dict[str, list], target: dict[str, list], where: str
 
 
 def _listing(path: str) -> dict[str, int]:
-    out = {}
-    for root, _, files in os.walk(path):
-        for name in files:
-            full = os.path.join(root, name)
-            rel = os.path.relpath(full, path)
-            if not rel.startswith(MANIFEST):
-                out[rel] = os.path.getsize(full)
-    return out
+    return {
+        rel: nbytes
+        for rel, nbytes in storage.file_sizes(path).items()
+        if not rel.startswith(MANIFEST)
+    }
 
 
 def write_manifest(path: str) -> None:
     """Lists every file of a committed step directory with its size (atomically)."""
     files = _listing(path)
-    tmp = os.path.join(path, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({"files": files}, f, sort_keys=True)
-    os.replace(tmp, os.path.join(path, MANIFEST))
+    storage.write_text(storage.join(path, MANIFEST), json.dumps({"files": files}, sort_keys=True))
 
 
 def check_manifest(path: str) -> str | None:
     """What is missing or cut short in a step directory (None: all files whole). A step
     without a manifest (killed between orbax's commit and the listing) is not checked."""
     try:
-        with open(os.path.join(path, MANIFEST)) as f:
-            listed = json.load(f)["files"]
+        listed = json.loads(storage.read_text(storage.join(path, MANIFEST)))["files"]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError) as e:
@@ -94,25 +91,26 @@ def check_manifest(path: str) -> str | None:
 def incomplete_reason(path: str) -> str | None:
     """Why a committed step directory cannot be a whole checkpoint (None if it can)."""
     for item in ("state", "meta"):
-        if not os.path.isdir(os.path.join(path, item)):
+        if not storage.isdir(storage.join(path, item)):
             return f"item {item!r} is missing"
-    meta_file = os.path.join(path, "meta", "metadata")
-    if not os.path.isfile(meta_file):
+    meta_file = storage.join(path, "meta", "metadata")
+    if not storage.isfile(meta_file):
         return "meta/metadata is missing"
     try:
-        with open(meta_file) as f:
-            json.load(f)
+        json.loads(storage.read_text(meta_file))
     except (OSError, ValueError) as e:
         return f"meta/metadata is unreadable ({e})"
     return check_manifest(path)
 
 
 def committed_steps(directory: str) -> list[int]:
-    """Steps with a committed checkpoint directory (orbax renames a finished temporary
-    directory to the bare step number), without opening a CheckpointManager."""
-    if not os.path.isdir(directory):
-        return []
-    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    """Steps with a committed checkpoint directory, without opening a CheckpointManager:
+    on a local disk orbax renames a finished temporary directory to the bare step number;
+    on an object store a step is committed once its COMMIT_MARKER exists."""
+    steps = sorted(int(name) for name in storage.listdir(directory) if name.isdigit())
+    if not storage.is_url(directory):
+        return steps
+    return [s for s in steps if storage.exists(storage.join(directory, str(s), COMMIT_MARKER))]
 
 
 def checkpoint_metadata(directory: str, step: int = -1, workdir: str = "") -> tuple[int, dict]:
@@ -125,8 +123,8 @@ def checkpoint_metadata(directory: str, step: int = -1, workdir: str = "") -> tu
     step = steps[-1] if step < 0 else step
     if step not in steps:
         raise ValueError(f"no checkpoint for step {step} in {directory}; there are {steps}")
-    with open(os.path.join(directory, str(step), "meta", "metadata")) as f:
-        return step, json.load(f)
+    meta = storage.read_text(storage.join(directory, str(step), "meta", "metadata"))
+    return step, json.loads(meta)
 
 
 # Room kept free for logs, metrics and TensorBoard events beyond the next checkpoint.
@@ -137,18 +135,17 @@ FIRST_RUN_BYTES = 64 << 20
 
 def directory_bytes(path: str) -> int:
     """Bytes of every file under `path`."""
-    return sum(
-        os.path.getsize(os.path.join(root, name))
-        for root, _, files in os.walk(path)
-        for name in files
-    )
+    return sum(storage.file_sizes(path).values())
 
 
 def free_space_needed(directory: str) -> int:
     """Free bytes a run needs to start: the next checkpoint (as large as the newest one in
     `directory`; older ones are deleted only after it is committed) plus room for logs;
-    a fixed 64 MiB before there is any checkpoint."""
+    a fixed 64 MiB before there is any checkpoint; none on an object store, which has no
+    free space to check."""
+    if storage.is_url(directory):
+        return 0
     steps = committed_steps(directory)
     if not steps:
         return FIRST_RUN_BYTES
-    return directory_bytes(os.path.join(directory, str(steps[-1]))) + LOG_ROOM_BYTES
+    return directory_bytes(storage.join(directory, str(steps[-1]))) + LOG_ROOM_BYTES

@@ -31,6 +31,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
 
+from input_pipeline import storage
 from mlperf.checkpoint.integrity import (
     CheckpointMismatchError,
     check_compatible,
@@ -82,9 +83,9 @@ class CheckpointConfig:
     def from_config(cls, config, workdir: str) -> CheckpointConfig:
         """Reads `config.checkpoint` (absent: checkpoint at evals into workdir/checkpoints)."""
         c = config.get("checkpoint", None) or {}
-        directory = c.get("dir", "") or os.path.join(workdir, "checkpoints")
+        directory = c.get("dir", "") or storage.join(storage.resolve(workdir), "checkpoints")
         return cls(
-            directory=os.path.abspath(os.path.expanduser(directory)),
+            directory=storage.resolve(directory),
             every_steps=int(c.get("every_steps", 0)),
             keep=int(c.get("keep", 2)),
             keep_best=int(c.get("keep_best", 1)),
@@ -141,7 +142,11 @@ class ProtectedSteps:
 
 def save_failure(error: BaseException, path: str) -> str:
     """One line naming the checkpoint path and the operating-system error behind a failed
-    save (orbax and tensorstore wrap it; the errno is found in the chain or the text)."""
+    save (orbax and tensorstore wrap it; the errno is found in the chain or the text). On
+    an object store: the store, the step and why (unreachable, permission, ...)."""
+    if storage.is_url(path):
+        why = storage.describe(error, "writing checkpoint", path)
+        return why.replace(f" {path} failed", f" {path} (step {storage.basename(path)}) failed")
     seen = error
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno:
@@ -224,7 +229,7 @@ class Checkpointer:
         return sorted(self.manager.all_steps())
 
     def step_path(self, step: int) -> str:
-        return os.path.join(self.cfg.directory, str(step))
+        return storage.join(self.cfg.directory, str(step))
 
     def save(
         self,
@@ -267,9 +272,14 @@ class Checkpointer:
         """Raises OSError (with errno) unless the directory takes a file and has room for
         a checkpoint as large as the newest one. Checked before orbax starts: it creates
         the step directory in a background thread, and a failure there surfaces only as a
-        timeout minutes later."""
+        timeout minutes later. An object store takes the probe object; it has no free
+        space to check (validate.check_workdir says so at start)."""
         directory, path = self.cfg.directory, self.step_path(step)
-        probe = os.path.join(directory, f".write_probe_{jax.process_index()}_{os.getpid()}")
+        probe = storage.join(directory, f".write_probe_{jax.process_index()}_{os.getpid()}")
+        if storage.is_url(directory):
+            storage.write_bytes(probe, b"\0" * 4096)  # StorageError names store and path
+            storage.remove(probe)
+            return
         try:
             with open(probe, "wb") as f:
                 f.write(b"\0" * 4096)
@@ -375,9 +385,9 @@ class Checkpointer:
                 path = self.step_path(step)
                 target = f"{path}.corrupted"
                 n = 1
-                while os.path.exists(target):
+                while storage.exists(target):
                     target, n = f"{path}.corrupted{n}", n + 1
-                os.rename(path, target)
+                storage.rename(path, target)
                 print(f"WARNING: moved {path} to {target}", flush=True)
         if steps:
             if jax.process_count() > 1:

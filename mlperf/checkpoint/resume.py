@@ -8,10 +8,11 @@ moved on by skipping the batches already taken.
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING
 
 import grain
+
+from input_pipeline import storage
 
 if TYPE_CHECKING:
     from mlperf.checkpoint.manager import Restored
@@ -47,16 +48,16 @@ def set_aside_previous_run(workdir: str) -> str | None:
     """A run starting from scratch in a work directory that holds another run's logs (its
     checkpoints were deleted or disabled) moves them into WORKDIR/previous_run_<n>/ instead
     of overwriting them; returns the one line saying so (None: nothing to move)."""
-    present = [name for name in RUN_FILES if os.path.exists(os.path.join(workdir, name))]
+    present = [name for name in RUN_FILES if storage.exists(storage.join(workdir, name))]
     if not present:
         return None
     n = 1
-    while os.path.exists(os.path.join(workdir, f"previous_run_{n}")):
+    while storage.exists(storage.join(workdir, f"previous_run_{n}")):
         n += 1
-    target = os.path.join(workdir, f"previous_run_{n}")
-    os.makedirs(target)
+    target = storage.join(workdir, f"previous_run_{n}")
+    storage.makedirs(target)
     for name in present:
-        os.rename(os.path.join(workdir, name), os.path.join(target, name))
+        storage.rename(storage.join(workdir, name), storage.join(target, name))
     return (
         f"{workdir} holds the logs of an earlier run but no checkpoint to continue it: "
         f"moved {', '.join(present)} to {target} and starting from step 0."

@@ -1,0 +1,97 @@
+"""The files of a work directory that grow while a run goes (the MLPerf log,
+metrics.jsonl, TensorBoard events, profiler traces), for work directories in a bucket.
+
+An object cannot be appended to, so these files are written in a local staging folder
+(input_pipeline.storage.staging_dir: ~/.cache/multipod/storage/workdirs/...) and each
+changed file is uploaded whole at every progress line, eval and checkpoint and at exit:
+a killed run loses at most the lines since its last progress line. A resumed run first
+downloads them, so its lines follow on from the bucket's copy. A local work directory is
+its own staging folder and nothing is uploaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from input_pipeline import storage
+
+
+class StagedWorkdir:
+    """Local copies of a remote work directory's growing files, uploaded when asked."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.remote = storage.is_url(workdir)
+        self.local = storage.staging_dir(workdir)
+        self._sent: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
+        self._failing = False  # a failed upload is reported once until one succeeds
+
+    def path(self, rel: str) -> str:
+        """The local file (or folder) that stands for WORKDIR/`rel`."""
+        return os.path.join(self.local, rel)
+
+    def url(self, rel: str) -> str:
+        """WORKDIR/`rel` itself (a URL for a remote work directory)."""
+        return storage.join(self.workdir, rel)
+
+    def pull(self, rel: str) -> bool:
+        """Replaces the local copy of the file `rel` with the work directory's (removes it
+        when the work directory has none); True if there was one. Local: no-op."""
+        if not self.remote:
+            return os.path.exists(self.path(rel))
+        local = self.path(rel)
+        if storage.exists(self.url(rel)):
+            storage.download(self.url(rel), local)
+            self._mark_sent(local)
+            return True
+        self.discard(rel)
+        return False
+
+    def discard(self, rel: str) -> None:
+        """Removes a stale local copy (a new run in a remote work directory starts empty);
+        never touches a local work directory."""
+        if self.remote:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path(rel))
+
+    def push(self, *rels: str, strict: bool = False) -> bool:
+        """Uploads every file under each `rel` that changed since it was last uploaded.
+        A failure is one warning line (once until an upload succeeds again) and False;
+        `strict` raises it instead (storage.StorageError)."""
+        if not self.remote:
+            return True
+        try:
+            for rel in rels:
+                for local in self._files(self.path(rel)):
+                    stamp = self._stamp(local)
+                    if self._sent.get(local) != stamp:
+                        relpath = os.path.relpath(local, self.local)
+                        storage.upload(local, storage.join(self.workdir, *relpath.split(os.sep)))
+                        self._sent[local] = stamp
+        except OSError as e:
+            if strict:
+                raise
+            if not self._failing:
+                self._failing = True
+                print(f"WARNING: logs not uploaded (retried at the next line): {e}", flush=True)
+            return False
+        self._failing = False
+        return True
+
+    def _mark_sent(self, local: str) -> None:
+        self._sent[local] = self._stamp(local)
+
+    @staticmethod
+    def _stamp(local: str) -> tuple[int, int]:
+        st = os.stat(local)
+        return st.st_size, st.st_mtime_ns
+
+    @staticmethod
+    def _files(path: str) -> list[str]:
+        if os.path.isfile(path):
+            return [path]
+        found = []
+        for root, _, files in os.walk(path):
+            found += [os.path.join(root, f) for f in files]
+        return sorted(found)
