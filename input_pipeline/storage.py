@@ -212,6 +212,18 @@ def size_or_zero(path: str) -> int:
         return 0
 
 
+def file_version(path: str) -> tuple[int, int | str]:
+    """(bytes, version) of a file, for cache keys of what was built from it: a local
+    file's modification time in ns, an object's generation (a rewrite gives a new one).
+    FileNotFoundError when absent."""
+    if not is_url(path):
+        st = os.stat(path)
+        return st.st_size, st.st_mtime_ns
+    with errors("reading the version of", path):
+        info = _fs(path).info(path)
+    return int(info.get("size") or 0), str(info.get("generation") or info.get("etag") or "")
+
+
 def listdir(path: str) -> list[str]:
     """Names directly under a folder or prefix ([] when there is none), sorted."""
     if not is_url(path):
@@ -479,6 +491,7 @@ __all__ = [
     "errors",
     "exists",
     "file_sizes",
+    "file_version",
     "glob",
     "is_url",
     "isdir",
