@@ -17,6 +17,7 @@ from absl import flags
 EXIT_TARGET_REACHED = 0
 EXIT_TARGET_NOT_REACHED = 1  # the run ended (step budget or abort) below its target
 EXIT_BAD_INPUT = 2  # config, flags, data files or cluster coordinates: one line, nothing trained
+EXIT_WORKDIR_HELD = 3  # another run holds the work directory (mlperf/lease.py): one line
 EXIT_PEER_LOST = 4  # another process of the run died or never joined; this one stopped itself
 EXIT_CRASH = 70  # an unexpected error (a bug): the traceback is printed
 EXIT_STALLED = 75  # launch.local: no process printed for --stall_s seconds (stacks printed)

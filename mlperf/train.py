@@ -36,6 +36,7 @@ from mlperf.checkpoint.integrity import FIRST_RUN_BYTES
 from mlperf.checkpoint.resume import set_aside_previous_run
 from mlperf.evaluate import Evaluator
 from mlperf.goodput import Goodput
+from mlperf.lease import hold_workdir
 from mlperf.loop import PhaseRun, TrainLoop
 from mlperf.loop_state import LoopState
 from mlperf.mllog import keys
@@ -74,11 +75,13 @@ def run(
     ckpt_cfg = CheckpointConfig.from_config(config, workdir)
     SpikeRule.from_config(config)  # so do bad checkpoint settings
     allowed = _allowed_changes(allow_config_change, config)
-    newest = newest_checkpoint(ckpt_cfg)
-    resuming = newest is not None
     # Room for the next checkpoint (as large as the newest one) and the logs.
     need = free_space_needed(ckpt_cfg.directory) if ckpt_cfg.enabled else FIRST_RUN_BYTES
     check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None, -(-need // (1 << 20)))
+    # One run per work directory (mlperf/lease.py); what it holds is read once it is ours.
+    lease = hold_workdir(workdir)
+    newest = newest_checkpoint(ckpt_cfg)
+    resuming = newest is not None
     is_main = jax.process_index() == 0
     if not resuming and is_main and (moved := set_aside_previous_run(workdir)):
         print(moved, flush=True)
@@ -204,6 +207,7 @@ def run(
                 except CheckpointSaveError as e:
                     if loop.status != keys.ABORTED:
                         loop.save_failed(e)
+        lease.release()
     s = loop.s
     run_time = loop.elapsed_before + time.perf_counter() - loop.start
     status = loop.status if s.reached or loop.status == "preempted" else keys.ABORTED
