@@ -39,11 +39,12 @@ test: $(TEST_STAMP)
 # checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly; SIGTERM on every
 # process of a 2x4 run; refused config changes, failed saves), BERT end-to-end + compliance,
 # the BERT-large compiles for v3:64x64 and v4:16x16x16, a 100B BERT for v5p:16x16x16, BERT
-# from a pretrained checkpoint and Mask R-CNN from an ImageNet backbone (CI runs these).
+# from a pretrained checkpoint and Mask R-CNN from an ImageNet backbone, whole runs with the
+# work directory in a bucket on a real GCS-protocol server (CI runs these).
 SYSTEM_TESTS := tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py \
 	tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_checkpoint_import.py \
 	tests/test_backbone_finetune.py tests/test_compilation_cache.py tests/test_bench_startup.py \
-	tests/test_process_sync.py
+	tests/test_process_sync.py tests/test_bucket_runs.py
 AOT_SYSTEM_TESTS := tests/test_aot_multipod.py
 # Two lanes side by side: the system tests in one pytest process, and the full-size TPU
 # compiles one at a time, each in a pytest process of its own, so a compile's host memory
