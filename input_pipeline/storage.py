@@ -456,6 +456,37 @@ def _trim_cache(root: str, keep: str) -> None:
         total -= nbytes
 
 
+def local_mirror(path: str) -> str:
+    """A local path standing for `path`, for readers that open a file's siblings by name
+    (a TF1 checkpoint's .index and .data shards, a config.json beside the weights): `path`
+    itself when local; for a URL, the files of its folder (the URL itself when it is a
+    folder) are copied into the cache, keyed by their names, sizes and generations, and
+    the copy of `path` is returned."""
+    if not is_url(path):
+        return path
+    folder = path if isdir(path) else parent(path)
+    with errors("listing", folder):
+        fs = _fs(folder)
+        infos = [i for i in fs.ls(folder, detail=True, refresh=True) if i.get("type") == "file"]
+    if not infos:
+        raise FileNotFoundError(f"{path}: no such object or folder")
+    version = "|".join(
+        f"{i['name']}:{i.get('size')}:{i.get('generation') or i.get('etag') or ''}"
+        for i in sorted(infos, key=lambda i: i["name"])
+    )
+    key = hashlib.sha256(version.encode()).hexdigest()[:24]
+    target = os.path.join(cache_root(), key, basename(folder))
+    done = os.path.join(target, ".complete")
+    if not os.path.exists(done):
+        for info in infos:
+            name = basename(info["name"])
+            download(join(folder, name), os.path.join(target, name))
+        open(done, "w").close()
+    if path == folder:
+        return target
+    return os.path.join(target, basename(path))
+
+
 def staging_dir(workdir: str) -> str:
     """A local folder standing for a remote work directory: files that are appended to
     (logs, TensorBoard events, profiles) are written here and uploaded. A local work
@@ -499,6 +530,7 @@ __all__ = [
     "join",
     "listdir",
     "local_copy",
+    "local_mirror",
     "makedirs",
     "open_file",
     "parent",

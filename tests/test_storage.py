@@ -88,3 +88,58 @@ def test_store_faults_are_one_line(gcs):
     assert "\n" not in message
     assert message.startswith("gs://multipod-test: writing gs://multipod-test/x failed")
     assert "unreachable" in message
+
+
+def _upload_folder(local: str, url: str) -> None:
+    for name in sorted(os.listdir(local)):
+        if os.path.isfile(os.path.join(local, name)):
+            storage.upload(os.path.join(local, name), storage.join(url, name))
+
+
+def test_a_tf1_bert_checkpoint_in_a_bucket_reads_as_the_local_one(gcs, tmp_path, monkeypatch):
+    from mlperf.bert.checkpoint_import import open_source
+
+    monkeypatch.setenv("MULTIPOD_STORAGE_CACHE", str(tmp_path / "cache"))
+    local = os.path.join(os.path.dirname(__file__), "fixtures", "bert_checkpoints", "tf1")
+    _upload_folder(local, "gs://multipod-test/bert/tf1")
+    ours = open_source("gs://multipod-test/bert/tf1/model.ckpt-5")
+    theirs = open_source(os.path.join(local, "model.ckpt-5"))
+    assert ours.format == theirs.format == "TF1 checkpoint"
+    names = sorted(theirs.reader.entries)
+    assert sorted(ours.reader.entries) == names and names
+    for name in names:
+        assert (ours.reader.read(name) == theirs.reader.read(name)).all(), name
+    assert os.path.isfile(ours.config_path)  # bert_config.json came along
+    with pytest.raises(FileNotFoundError):
+        storage.local_mirror("gs://multipod-test/absent/model.ckpt-5")
+
+
+def test_a_backbone_in_a_bucket_is_checked_and_read_like_a_local_file(gcs, tmp_path, monkeypatch):
+    from mlperf.checkpoint.torch_file import load_state_dict
+    from mlperf.layers.resnet_import import check_backbone_checkpoint
+
+    monkeypatch.setenv("MULTIPOD_STORAGE_CACHE", str(tmp_path / "cache"))
+    folder = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision")
+    name = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))[0]
+    url = f"gs://multipod-test/backbones/{name}"
+    storage.upload(os.path.join(folder, name), url)
+    check_backbone_checkpoint({"init": {"backbone_checkpoint": url}})
+    with pytest.raises(FileNotFoundError, match="is not a file"):
+        check_backbone_checkpoint({"init": {"backbone_checkpoint": url + ".missing"}})
+    ours = load_state_dict(storage.local_copy(url))
+    theirs = load_state_dict(os.path.join(folder, name))
+    assert sorted(ours) == sorted(theirs)
+    assert all((ours[k] == theirs[k]).all() for k in theirs)
+
+
+def test_a_workdir_in_a_missing_bucket_fails_before_anything_is_built(gcs, capsys):
+    from mlperf.validate import ConfigError, check_workdir
+
+    check_workdir("gs://multipod-test/run", "gs://multipod-test/run/checkpoints")
+    said = capsys.readouterr().out
+    assert said.count("no free-space check there") == 1  # said once for both paths
+    with pytest.raises(ConfigError) as raised:
+        check_workdir("gs://no-such-bucket/run")
+    message = str(raised.value)
+    assert message.startswith("--workdir gs://no-such-bucket/run: cannot write there")
+    assert "\n" not in message

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from input_pipeline import storage
 from input_pipeline.tf1_checkpoint import Tf1Checkpoint, is_tf1_checkpoint
 from mlperf.bert.hf_export import HfTensor, from_hf_layout, hf_shape, hf_tensors, is_stacked
 from mlperf.bert.model import BertConfig
@@ -190,7 +191,8 @@ class _HfSource:
 def open_source(path: str) -> _Tf1Source | _HfSource:
     """The checkpoint at `path`, its format detected: a TF checkpoint prefix / index /
     directory with a `checkpoint` file, or an HF directory / weights file."""
-    path = os.path.expanduser(path)
+    # A checkpoint in a bucket is read from a local copy of its folder (cached).
+    path = storage.local_mirror(path) if storage.is_url(path) else os.path.expanduser(path)
     if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"init.checkpoint={path!r} does not exist")
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, n)) for n in _HF_WEIGHTS):

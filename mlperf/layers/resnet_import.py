@@ -10,17 +10,19 @@ Convolution kernels go from torch's OIHW to our HWIO; batch norm's weight, bias,
 running_mean and running_var become scale, bias, mean and var (torch's running_var is
 the unbiased batch variance, what its eval mode divides by, and so does ours). The
 classifier (fc.*), num_batches_tracked and stages past the model's last (SSD stops at
-C4) are not used; any other name is an error, as is a file of another depth or width.
+C4) are not used; any other name is an error, as is a file of another depth or width. A
+file holding only the stages the model builds (mlperf/layers/resnet_export.py's export of
+SSD's backbone) imports too.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
 import numpy as np
 
+from input_pipeline import storage
 from mlperf.checkpoint.torch_file import TorchFileError, load_state_dict
 from mlperf.layers.resnet import ResNetConfig
 
@@ -82,7 +84,10 @@ def torchvision_to_resnet(state: dict[str, np.ndarray], cfg: ResNetConfig) -> di
     state_dict; raises TorchFileError naming the mismatch if the file is another net."""
     kind, sizes, width = file_architecture(state)
     want_sizes = tuple(cfg.stage_sizes)
-    if (kind, sizes) != (cfg.block, want_sizes):
+    # A file of fewer stages (a detector's own export: SSD's stops at C4) serves a model
+    # that builds no more than it has.
+    enough = len(sizes) >= min(cfg.num_stages, len(want_sizes))
+    if kind != cfg.block or sizes != want_sizes[: len(sizes)] or not enough:
         raise TorchFileError(
             f"the file holds {describe(kind, sizes)}, but the model's backbone is "
             f"{describe(cfg.block, want_sizes)}; point the backbone checkpoint at a file of "
@@ -127,7 +132,8 @@ def load_torchvision_resnet(path: str, cfg: ResNetConfig) -> dict[str, Any]:
     """Reads a torchvision ResNet .pth (no torch needed) as ResNet(cfg) params; errors
     name the file."""
     try:
-        return torchvision_to_resnet(load_state_dict(path), cfg)
+        # A file in a bucket is read from a cached local copy (storage.local_copy).
+        return torchvision_to_resnet(load_state_dict(storage.local_copy(path)), cfg)
     except TorchFileError as e:
         msg = str(e)
         raise TorchFileError(msg if path in msg else f"{path}: {msg}") from None
@@ -137,7 +143,7 @@ def check_backbone_checkpoint(config) -> None:
     """A set `init.backbone_checkpoint` must be an existing file: said in one line when
     the task is made, before any data or model is built."""
     path = config.get("init", {}).get("backbone_checkpoint", "")
-    if path and not os.path.isfile(path):
+    if path and not storage.isfile(path):
         raise FileNotFoundError(
             f"init.backbone_checkpoint={path!r} is not a file; point it at a torchvision "
             "ImageNet state_dict (resnet34-*.pth for SSD, resnet50-*.pth for Mask R-CNN)."
