@@ -52,6 +52,8 @@ class RunLog:
                     self.staged.pull(name)
                 else:
                     self.staged.discard(name)
+            if not resuming:  # an earlier run's events must not be uploaded into this one
+                self.staged.discard(TENSORBOARD)
         # The files written (local; in the staging folder for a bucket)...
         self.mllog_path = self.staged.path(MLLOG)
         self.metrics_path = self.staged.path(METRICS)

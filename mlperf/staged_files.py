@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 
 from input_pipeline import storage
 
@@ -52,8 +53,12 @@ class StagedWorkdir:
         """Removes a stale local copy (a new run in a remote work directory starts empty);
         never touches a local work directory."""
         if self.remote:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path(rel))
+            local = self.path(rel)
+            if os.path.isdir(local):
+                shutil.rmtree(local, ignore_errors=True)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(local)
 
     def push(self, *rels: str, strict: bool = False) -> bool:
         """Uploads every file under each `rel` that changed since it was last uploaded.
