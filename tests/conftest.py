@@ -218,9 +218,9 @@ def train_steps(config, batches, devices=None) -> StepsRun:
 
 @pytest.fixture
 def gcs(tmp_path, monkeypatch):
-    """A real GCS-protocol server on 127.0.0.1 (tests/gcs_server.py) with the bucket
+    """A real GCS-protocol server on 127.0.0.1 (launch/gcs_emulator.py) with the bucket
     `multipod-test`, and this process's (and its subprocesses') clients pointed at it."""
-    from gcs_server import GcsServer
+    from launch.gcs_emulator import GcsServer
 
     server = GcsServer(str(tmp_path / "gcs-root"))
     server.start()

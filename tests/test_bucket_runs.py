@@ -18,10 +18,10 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO, compliance_check, cpu_env, tiny_train_command
-from gcs_server import GcsServer
 from tiny_bert_runs import EVERY, OVERRIDES, STEPS
 
 from input_pipeline import storage
+from launch.gcs_emulator import GcsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bucket")]
 

