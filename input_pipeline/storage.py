@@ -131,6 +131,19 @@ def _fs(path: str):
     return fsspec.filesystem(scheme(path))
 
 
+def timeout_s() -> float:
+    """The longest one store operation may take, retries included
+    ($MULTIPOD_STORE_TIMEOUT_S, default 300 s): gcsfs retries each request 6 times and
+    nests them for uploads, so a store that is gone would otherwise hold a caller for many
+    minutes before it fails."""
+    return float(os.environ.get("MULTIPOD_STORE_TIMEOUT_S", "300"))
+
+
+def _call(path: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    """`fs.method(*args)` on the file system of `path`, bounded by timeout_s()."""
+    return getattr(_fs(path), method)(*args, timeout=timeout_s(), **kwargs)
+
+
 @contextlib.contextmanager
 def errors(operation: str, path: str) -> Iterator[None]:
     """Turns an object store's errors into StorageError (one line); local errors pass."""
@@ -179,7 +192,7 @@ def exists(path: str) -> bool:
     if not is_url(path):
         return os.path.exists(path)
     with errors("checking", path):
-        return _fs(path).exists(path)
+        return _call(path, "exists", path)
 
 
 def isdir(path: str) -> bool:
@@ -187,14 +200,14 @@ def isdir(path: str) -> bool:
     if not is_url(path):
         return os.path.isdir(path)
     with errors("listing", path):
-        return _fs(path).isdir(path)
+        return _call(path, "isdir", path)
 
 
 def isfile(path: str) -> bool:
     if not is_url(path):
         return os.path.isfile(path)
     with errors("checking", path):
-        return _fs(path).isfile(path)
+        return _call(path, "isfile", path)
 
 
 def size(path: str) -> int:
@@ -202,7 +215,7 @@ def size(path: str) -> int:
     if not is_url(path):
         return os.path.getsize(path)
     with errors("reading the size of", path):
-        return int(_fs(path).size(path))
+        return int(_call(path, "size", path))
 
 
 def size_or_zero(path: str) -> int:
@@ -220,7 +233,7 @@ def file_version(path: str) -> tuple[int, int | str]:
         st = os.stat(path)
         return st.st_size, st.st_mtime_ns
     with errors("reading the version of", path):
-        info = _fs(path).info(path)
+        info = _call(path, "info", path)
     return int(info.get("size") or 0), str(info.get("generation") or info.get("etag") or "")
 
 
@@ -229,9 +242,8 @@ def listdir(path: str) -> list[str]:
     if not is_url(path):
         return sorted(os.listdir(path)) if os.path.isdir(path) else []
     with errors("listing", path):
-        fs = _fs(path)
         try:
-            entries = fs.ls(path, detail=False, refresh=True)
+            entries = _call(path, "ls", path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
     return sorted({basename(e) for e in entries if basename(e)})
@@ -249,7 +261,7 @@ def file_sizes(path: str) -> dict[str, int]:
     with errors("listing", path):
         fs = _fs(path)
         try:
-            found = fs.find(path, detail=True, refresh=True)
+            found = _call(path, "find", path, detail=True, refresh=True)
         except FileNotFoundError:
             return {}
     prefix = fs._strip_protocol(path).rstrip("/") + "/"
@@ -267,8 +279,7 @@ def glob(pattern: str) -> list[str]:
 
         return sorted(_glob.glob(os.path.expanduser(pattern)))
     with errors("listing", pattern):
-        fs = _fs(pattern)
-        found = fs.glob(pattern)
+        found = _call(pattern, "glob", pattern)
     s = scheme(pattern)
     return sorted(f"{s}://{f}" if not is_url(f) else f for f in found)
 
@@ -299,7 +310,7 @@ def read_range(path: str, offset: int, length: int) -> bytes:
             f.seek(offset)
             return f.read(length)
     with errors("reading", path):
-        return _fs(path).cat_file(path, start=offset, end=offset + length)
+        return _call(path, "cat_file", path, start=offset, end=offset + length)
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -319,7 +330,7 @@ def write_bytes(path: str, data: bytes) -> None:
             raise
         return
     with errors("writing", path):
-        _fs(path).pipe_file(path, data)
+        _call(path, "pipe_file", path, data)
 
 
 def write_text(path: str, text: str) -> None:
@@ -340,7 +351,7 @@ def create_exclusive(path: str, data: bytes) -> bool:
         return True
     with errors("creating", path):
         try:
-            _fs(path).pipe_file(path, data, mode="create")
+            _call(path, "pipe_file", path, data, mode="create")
         except FileExistsError:
             return False
         except Exception as e:  # noqa: BLE001 - gcsfs reports a failed precondition as 412
@@ -357,7 +368,7 @@ def upload(local: str, remote: str) -> None:
         shutil.copyfile(local, remote)
         return
     with errors("uploading to", remote):
-        _fs(remote).put_file(local, remote)
+        _call(remote, "put_file", local, remote)
 
 
 def download(remote: str, local: str) -> None:
@@ -367,7 +378,7 @@ def download(remote: str, local: str) -> None:
         shutil.copyfile(remote, local)
         return
     with errors("downloading", remote):
-        _fs(remote).get_file(remote, local)
+        _call(remote, "get_file", remote, local)
 
 
 # ---- changing the tree --------------------------------------------------------------------
@@ -382,7 +393,7 @@ def remove(path: str) -> None:
         os.remove(path)
         return
     with errors("deleting", path):
-        _fs(path).rm_file(path)
+        _call(path, "rm_file", path)
 
 
 def rmtree(path: str) -> None:
@@ -391,7 +402,7 @@ def rmtree(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
         return
     with errors("deleting", path), contextlib.suppress(FileNotFoundError):
-        _fs(path).rm(path, recursive=True)
+        _call(path, "rm", path, recursive=True)
 
 
 def rename(src: str, dst: str) -> None:
@@ -423,7 +434,7 @@ def local_copy(path: str) -> str:
     if not is_url(path):
         return path
     with errors("reading", path):
-        info = _fs(path).info(path)
+        info = _call(path, "info", path)
     version = f"{path}|{info.get('size')}|{info.get('generation') or info.get('etag') or ''}"
     key = hashlib.sha256(version.encode()).hexdigest()[:24]
     root = cache_root()
@@ -466,8 +477,8 @@ def local_mirror(path: str) -> str:
         return path
     folder = path if isdir(path) else parent(path)
     with errors("listing", folder):
-        fs = _fs(folder)
-        infos = [i for i in fs.ls(folder, detail=True, refresh=True) if i.get("type") == "file"]
+        listing = _call(folder, "ls", folder, detail=True, refresh=True)
+        infos = [i for i in listing if i.get("type") == "file"]
     if not infos:
         raise FileNotFoundError(f"{path}: no such object or folder")
     version = "|".join(

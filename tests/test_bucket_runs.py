@@ -191,7 +191,8 @@ def _losses(jsonl: str) -> dict[int, float]:
 def test_the_store_gone_in_the_middle_of_a_save_loses_nothing(server, local_reference, tmp_path):
     url = f"gs://{BUCKET}/outage"
     cmd = _train(url, *OVERRIDES)
-    env = _env(server, MULTIPOD_STORE_RETRIES="1")
+    # Few retries and a short bound per store call: the outage is found in seconds.
+    env = _env(server, MULTIPOD_STORE_RETRIES="1", MULTIPOD_STORE_TIMEOUT_S="20")
     stopped = threading.Event()
 
     def stop_when_step_4_is_being_written() -> None:
