@@ -17,6 +17,7 @@ import re
 import socket
 import sys
 import time
+from collections.abc import Sequence
 
 from launch.cli import EXIT_PEER_LOST
 
@@ -38,6 +39,9 @@ class PeerLostError(RuntimeError):
         """
         print(f"multipod: error: {self}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        from launch import host_log
+
+        host_log.close_all()  # its upload, which os._exit would skip
         os._exit(EXIT_PEER_LOST)
 
     @classmethod
@@ -121,12 +125,15 @@ def init_distributed(
     tpu_pod: bool,
     timeout_s: int,
     heartbeat_timeout_s: int = 60,
+    local_device_ids: Sequence[int] | None = None,
 ) -> None:
     """Calls jax.distributed.initialize for a multi-process run (no-op for one process).
 
-    Cloud TPU VM pods discover their peers (`tpu_pod`); CPU runs name the coordinator
-    (process 0's host:port), the process count and this process's id, and use gloo for
-    cross-process collectives.
+    Cloud TPU VM pods discover their peers (`tpu_pod`); other runs name the coordinator
+    (process 0's host:port), the process count and this process's id (given, or derived
+    from SLURM by launch/slurm.py), and use gloo for cross-process collectives on CPU.
+    `local_device_ids` restricts the GPUs this process uses (None: all it sees). JAX's
+    own cluster detection is off on this path: the coordinates given are the ones used.
     """
     import jax
 
@@ -165,6 +172,8 @@ def init_distributed(
             coordinator,
             num_processes=num_processes,
             process_id=process_id,
+            local_device_ids=list(local_device_ids) if local_device_ids else None,
+            cluster_detection_method="deactivate",
             initialization_timeout=remaining,
             heartbeat_timeout_seconds=heartbeat_timeout_s,
         )

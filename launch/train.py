@@ -4,12 +4,18 @@ Overrides: `--config.train.steps=100`. Multi-host (one process per host, the sam
 command on every host) joins `jax.distributed` first: on Cloud TPU VM pods with
 `--tpu_pod`, on CPU with `--coordinator 127.0.0.1:PORT --num_processes N --process_id I`
 (or MULTIPOD_COORDINATOR / MULTIPOD_NUM_PROCESSES / MULTIPOD_PROCESS_ID, which
-`launch.local` sets).
+`launch.local` sets); under SLURM's srun without those, from the `SLURM_*` variables and
+CUDA_VISIBLE_DEVICES (launch/slurm.py).
+
+One run per work directory: a run holds a lease on it (mlperf/lease.py) and a second run
+started there is refused with one line naming the holder (exit code 3), or waits up to
+`--workdir_wait_s` for it to end. Each host copies its output into
+WORKDIR/logs/host_<i>.log (launch/host_log.py).
 
 Exit codes (launch/cli.py, docs/multi-host.md): 0 target reached, 1 the run ended
-without reaching its target, 2 bad input (one line, nothing trained), 4 another process
-of the run died or never joined, 70 an unexpected error (traceback printed), 143
-preempted (checkpoint written; run the same command again).
+without reaching its target, 2 bad input (one line, nothing trained), 3 another run holds
+the work directory, 4 another process of the run died or never joined, 70 an unexpected
+error (traceback printed), 143 preempted (checkpoint written; run the same command again).
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from launch.cli import (
     EXIT_CRASH,
     EXIT_PREEMPTED,
     EXIT_TARGET_NOT_REACHED,
+    EXIT_WORKDIR_HELD,
     dump_stacks_on_sigusr1,
     keep_host_memory,
     parse_flags,
     relax_cpu_collective_timeouts,
 )
 from launch.distributed import DistributedSetupError, PeerLostError, init_distributed
+from launch.slurm import SlurmError, in_slurm_task, resolve
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
@@ -83,6 +91,42 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     "Multi-process runs: jax.distributed declares a process dead after this many seconds "
     "without a heartbeat (a hung process; a dead one breaks the next collective at once).",
 )
+_WORKDIR_WAIT = flags.DEFINE_float(
+    "workdir_wait_s",
+    0.0,
+    "When another live run holds the work directory, wait up to this many seconds for it "
+    "to end before refusing to start (0: refuse at once).",
+    lower_bound=0.0,
+)
+# The run's coordinates as used (the flags, or derived from SLURM).
+_coordinates = {"num_processes": 1, "process_id": 0}
+
+
+def _cluster() -> tuple[str | None, int, int, tuple[int, ...] | None]:
+    """(coordinator, process count, process id, local GPU ids): the flags or MULTIPOD_*
+    variables when given, else SLURM's when srun started this process."""
+    given = any(f.present for f in (_COORDINATOR, _NUM_PROCESSES, _PROCESS_ID)) or any(
+        name in os.environ
+        for name in ("MULTIPOD_COORDINATOR", "MULTIPOD_NUM_PROCESSES", "MULTIPOD_PROCESS_ID")
+    )
+    if given or _TPU_POD.value or not in_slurm_task(os.environ):
+        return _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value, None
+    try:
+        task = resolve(os.environ)
+    except SlurmError as e:
+        raise DistributedSetupError(str(e)) from None
+    print(task.describe(), flush=True)
+    return task.coordinator, task.num_processes, task.process_id, task.local_device_ids
+
+
+def _start_host_log(workdir: str) -> None:
+    """Every host's output into WORKDIR/logs/host_<i>.log, once the run holds the
+    work directory (mlperf.lease calls this)."""
+    import jax
+
+    from launch import host_log
+
+    host_log.start(workdir, jax.process_index())
 
 
 def _fail(message: str, workdir: str | None, keep_traceback: bool) -> None:
@@ -103,14 +147,20 @@ def _fail(message: str, workdir: str | None, keep_traceback: bool) -> None:
 
 def _handle(e: Exception) -> None:
     """Ends the process for an exception out of init or training (never returns)."""
+    from mlperf.lease import WorkdirHeldError
     from mlperf.validate import ConfigError
 
     if os.environ.get("MULTIPOD_DEBUG"):
         raise e
+    if isinstance(e, WorkdirHeldError):  # nothing written: the work directory is not ours
+        print(f"multipod: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_WORKDIR_HELD)
     if isinstance(e, (ConfigError, FileNotFoundError, DistributedSetupError)):
         _fail(str(e), _WORKDIR.value, keep_traceback=False)  # bad input: one clear line
     # A peer's death surfaces as a failed collective (gloo raises ValueError).
-    lost = PeerLostError.from_collective_error(e, _PROCESS_ID.value, _NUM_PROCESSES.value)
+    lost = PeerLostError.from_collective_error(
+        e, _coordinates["process_id"], _coordinates["num_processes"]
+    )
     if lost is not None:
         lost.exit()
     if isinstance(e, ValueError):
@@ -126,17 +176,23 @@ def main(argv: list[str]) -> None:
     dump_stacks_on_sigusr1()
     keep_host_memory()  # when MULTIPOD_KEEP_HOST_MEMORY=1; before jax starts its backend
     try:
+        coordinator, num_processes, process_id, local_devices = _cluster()
+        _coordinates.update(num_processes=num_processes, process_id=process_id)
         init_distributed(
-            _COORDINATOR.value,
-            _NUM_PROCESSES.value,
-            _PROCESS_ID.value,
+            coordinator,
+            num_processes,
+            process_id,
             _TPU_POD.value,
             _INIT_TIMEOUT.value,
             _HEARTBEAT_TIMEOUT.value,
+            local_devices,
         )
-        from mlperf import compilation_cache
+        from mlperf import compilation_cache, lease
         from mlperf.checkpoint import configure_checkpointing
         from mlperf.train import run
+
+        lease.WAIT_S = _WORKDIR_WAIT.value
+        lease.ON_ACQUIRED.append(_start_host_log)
 
         configure_checkpointing()  # process-wide orbax settings, once, after distributed
         cache = _COMPILATION_CACHE.value
