@@ -258,7 +258,10 @@ def run(
         # After run_stop, so outside the timed run: e.g. BLEU on whole test sets, where
         # the in-loop eval decodes a subset.
         result.final_eval = task.final_eval(state["params"], trainer.layout, partitioner) or None
-    write_result(workdir, result)
+    try:
+        write_result(workdir, result)
+    except OSError as e:  # the store may be gone: the result is in the summary below
+        print(f"WARNING: result.json not written: {e}", flush=True)
     if is_main:
         print(summary_paragraph(result), flush=True)
         if result.final_eval:

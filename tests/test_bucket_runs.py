@@ -164,12 +164,14 @@ def test_two_processes_save_to_the_bucket_and_one_process_resumes_resharded(
     url = f"gs://{BUCKET}/procs"
     train = _train(url, *OVERRIDES)
     two = [sys.executable, "-m", "launch.local", "--processes=2", "--devices_per_process=4"]
-    code, out = _run_until(
-        [*two, "--", *train], tmp_path, _env(server, 4), "step      6/", _sigterm_group
-    )
-    assert code == 143, out[-3000:]
+    proc = _run([*two, "--", *train], cwd=tmp_path, env=_env(server, 4))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _committed(server, "procs") == list(range(EVERY, STEPS + 1, EVERY))
+    # The checkpoints after step 6 lost: one process of 8 devices resumes from step 6.
+    _delete_checkpoints_after(server, f"{url}/checkpoints", 6, tmp_path)
     proc = _run(train, cwd=tmp_path, env=_env(server, 8))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resuming from {url}/checkpoints/6 (step 6)" in proc.stdout
     assert "the checkpoint was written by 2 (resharded)" in proc.stdout
     got = _losses(_read(server, f"{url}/metrics.jsonl", tmp_path))
     want = _losses((local_reference / "metrics.jsonl").read_text())
@@ -179,8 +181,18 @@ def test_two_processes_save_to_the_bucket_and_one_process_resumes_resharded(
     )
 
 
-def _sigterm_group(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)  # launch.local passes it on to every process
+def _delete_checkpoints_after(server: GcsServer, directory: str, step: int, tmp_path) -> None:
+    env = dict(os.environ)
+    os.environ.update(server.env())
+    try:
+        _fresh_gcsfs()
+        for name in storage.listdir(directory):
+            if name.isdigit() and int(name) > step:
+                storage.rmtree(storage.join(directory, name))
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        _fresh_gcsfs()
 
 
 def _losses(jsonl: str) -> dict[int, float]:
@@ -209,10 +221,12 @@ def test_the_store_gone_in_the_middle_of_a_save_loses_nothing(server, local_refe
     proc = _run(cmd, cwd=tmp_path, env=env)
     watcher.join(timeout=5)
     assert stopped.is_set(), proc.stdout[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if "multipod: error" in line]
-    assert proc.returncode != 0 and len(errors) == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    assert f"gs://{BUCKET}" in errors[0] and "step 4" in errors[0], errors[0]
+    said = proc.stdout + proc.stderr
+    failed = f"gs://{BUCKET}: writing checkpoint {url}/checkpoints/4 (step 4) failed"
+    lines = [line for line in said.splitlines() if failed in line]
+    assert proc.returncode == 1 and len(lines) == 1, said[-4000:]
+    assert "the store is unreachable" in lines[0] and "complete checkpoints kept: [2]" in lines[0]
+    assert "Traceback" not in said
     server.start()  # the same folder: everything written before the outage is there
     proc = _run(cmd, cwd=tmp_path, env=_env(server))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -249,7 +263,7 @@ def test_hosts_that_see_different_newest_checkpoints_stop_before_compiling(
         assert p.returncode == 2, out[-2000:] + err[-2000:]
         lines = [line for line in err.splitlines() if "multipod: error" in line]
         assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
-        assert "newest checkpoint step: process 0 has 12; process 1 has none" in lines[0]
+        assert 'newest checkpoint step: process 0 has 12; process 1 has "none"' in lines[0]
         assert "workdir: process 0 has" in lines[0]
         assert "compiled" not in out
 
