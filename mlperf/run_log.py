@@ -188,6 +188,6 @@ class RunLog:
         """Closes every sink (any number of times), the logs uploaded."""
         self.end_training()
         self._mllog.close()
-        pushed = self.staged.push(MLLOG, METRICS, TENSORBOARD) if self.is_main else True
+        pushed = self.staged.push(MLLOG, METRICS, TENSORBOARD, force=True) if self.is_main else True
         if not pushed:
             print(f"WARNING: the logs of this run stay in {self.staged.local}", flush=True)

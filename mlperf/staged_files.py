@@ -14,8 +14,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 
 from input_pipeline import storage
+
+# Seconds a failed upload waits before progress lines try again.
+RETRY_AFTER_S = 60.0
 
 
 class StagedWorkdir:
@@ -27,6 +31,9 @@ class StagedWorkdir:
         self.local = storage.staging_dir(workdir)
         self._sent: dict[str, tuple[int, int]] = {}  # local path -> (size, mtime_ns) uploaded
         self._failing = False  # a failed upload is reported once until one succeeds
+        # After a failure, progress lines skip their uploads until then: a store that is
+        # away must not hold every step for its timeout.
+        self._retry_at = 0.0
 
     def path(self, rel: str) -> str:
         """The local file (or folder) that stands for WORKDIR/`rel`."""
@@ -60,12 +67,15 @@ class StagedWorkdir:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(local)
 
-    def push(self, *rels: str, strict: bool = False) -> bool:
+    def push(self, *rels: str, strict: bool = False, force: bool = False) -> bool:
         """Uploads every file under each `rel` that changed since it was last uploaded.
-        A failure is one warning line (once until an upload succeeds again) and False;
-        `strict` raises it instead (storage.StorageError)."""
+        A failure is one warning line (once until an upload succeeds again) and False, and
+        the next RETRY_AFTER_S seconds of pushes are skipped unless `force`d; `strict`
+        raises it instead (storage.StorageError)."""
         if not self.remote:
             return True
+        if not (force or strict) and time.monotonic() < self._retry_at:
+            return False
         try:
             for rel in rels:
                 for local in self._files(self.path(rel)):
@@ -77,11 +87,13 @@ class StagedWorkdir:
         except OSError as e:
             if strict:
                 raise
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
             if not self._failing:
                 self._failing = True
                 print(f"WARNING: logs not uploaded (retried at the next line): {e}", flush=True)
             return False
         self._failing = False
+        self._retry_at = 0.0
         return True
 
     def _mark_sent(self, local: str) -> None:

@@ -204,7 +204,7 @@ def test_the_store_gone_in_the_middle_of_a_save_loses_nothing(server, local_refe
     url = f"gs://{BUCKET}/outage"
     cmd = _train(url, *OVERRIDES)
     # Few retries and a short bound per store call: the outage is found in seconds.
-    env = _env(server, MULTIPOD_STORE_RETRIES="1", MULTIPOD_STORE_TIMEOUT_S="20")
+    env = _env(server, MULTIPOD_STORE_RETRIES="1", MULTIPOD_STORE_TIMEOUT_S="5")
     stopped = threading.Event()
 
     def stop_when_step_4_is_being_written() -> None:
