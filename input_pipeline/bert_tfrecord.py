@@ -8,22 +8,22 @@
     masked_lm_weights                            float_list [max_predictions]
     next_sentence_labels                         int64_list [1]
 
-The files are read in place at run time (no conversion): each host indexes the files once
-(offsets cached under `<cache_dir>/tfrecord_index/`) and reads only the records of its rows
-of each global batch, in the same process-count-invariant order as every other BERT source
+The files are read in place at run time (no conversion), from a local folder or a bucket
+(`gs://`, ranged reads: tfrecord.py): each host indexes the files once (offsets cached
+under the local `<cache_dir>/tfrecord_index/`) and reads only the records of its rows of
+each global batch, in the same process-count-invariant order as every other BERT source
 (grain_pipeline.GlobalOrderHostRows over all records of all files, in sorted file order).
 """
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Sequence
 
 import numpy as np
 from absl import logging
 
-from input_pipeline import pretraining_examples, tf_example, tfrecord
+from input_pipeline import input_files, pretraining_examples, storage, tf_example, tfrecord
 
 FORMAT = "mlperf_tfrecord"
 EVAL_SET_SIZE = 10_000  # the reference's fixed eval set
@@ -53,16 +53,14 @@ def resolve_files(patterns: Sequence[str], data_dir: str, config_key: str) -> tu
     that matches nothing is an error naming it and the config key."""
     files: list[str] = []
     for pattern in patterns:
-        path = os.path.expanduser(pattern)
-        if data_dir and not os.path.isabs(path):
-            path = os.path.join(os.path.expanduser(data_dir), path)
-        matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+        path = input_files.resolve(pattern, data_dir)
+        matches = [p for p in storage.glob(path) if storage.isfile(p)]
         if not matches:
             raise FileNotFoundError(
                 f"no TFRecord file matches {path!r} (config key {config_key}; relative "
                 "paths are resolved against data.data_dir)"
             )
-        files.extend(os.path.abspath(p) for p in matches)
+        files.extend(storage.resolve(p) for p in matches)
     if len(set(files)) != len(files):
         raise ValueError(f"{config_key} names some files twice: {list(patterns)}")
     return tuple(files)
@@ -71,12 +69,10 @@ def resolve_files(patterns: Sequence[str], data_dir: str, config_key: str) -> tu
 def vocab_size_of(data_cfg) -> int:
     """Lines of data.vocab_file when set, else data.vocab_size."""
     if data_cfg.vocab_file:
-        path = os.path.expanduser(data_cfg.vocab_file)
-        if data_cfg.data_dir and not os.path.isabs(path):
-            path = os.path.join(os.path.expanduser(data_cfg.data_dir), path)
-        if not os.path.isfile(path):
+        path = input_files.resolve(data_cfg.vocab_file, data_cfg.data_dir)
+        if not storage.isfile(path):
             raise FileNotFoundError(f"vocabulary file not found: {path!r} (data.vocab_file)")
-        with open(path, encoding="utf-8") as f:
+        with storage.open_file(path, "r", encoding="utf-8") as f:
             return sum(1 for _ in f)
     return int(data_cfg.vocab_size)
 
@@ -108,7 +104,7 @@ def tfrecord_sources(
     parse = BertRecordParser(seq_length, max_predictions, vocab_size)
     train_files = resolve_files(data_cfg.train_files, data_cfg.data_dir, "data.train_files")
     eval_files = resolve_files(data_cfg.eval_files, data_cfg.data_dir, "data.eval_files")
-    index_dir = os.path.join(cache_dir, "tfrecord_index")
+    index_dir = os.path.join(cache_dir, "tfrecord_index")  # local, whatever the inputs
     # Hosts start indexing at different files: with a shared cache_dir each walks about
     # 1/shard_count of them and loads the others' indexes.
     first = shard_index * len(train_files) // shard_count

@@ -22,11 +22,12 @@ longest subwords of the vocabulary, left to right.
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import unicodedata
 from collections.abc import Sequence
+
+from input_pipeline import storage
 
 PAD_ID = 0
 EOS_ID = 1
@@ -166,10 +167,9 @@ class SubwordVocab:
 def read_vocab_file(path: str) -> list[str]:
     """The subwords of a vocabulary file, id order. A line that is not one quoted subword,
     or a file that is not UTF-8, raises VocabFileError naming the file and line."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(f"subword vocabulary file not found: {path!r} (data.vocab_file)")
-    with open(path, "rb") as f:
-        raw_lines = f.read().split(b"\n")
+    raw_lines = storage.read_bytes(path).split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the file ends in a newline
     subwords = []

@@ -10,7 +10,12 @@ Both checksums are verified; a bad one, a truncated record or trailing garbage r
 
 Random access (`TFRecordSource`) needs each record's offset: `index_file` walks the
 headers once (12 bytes read per record, the data is skipped) and the index can be cached
-on disk, keyed by the file's path, size and mtime.
+on disk, keyed by the file's path, size and version (`storage.file_version`).
+
+A file may be an object in a bucket (`gs://...`, through input_pipeline.storage). It is
+read in place: indexing streams it once in large blocks (only the headers are kept), and
+a record is one ranged read of its bytes, whose extent the index gives; records read in
+order (an eval set) come READ_AHEAD_BYTES at a time. Nothing is downloaded to disk.
 """
 
 from __future__ import annotations
@@ -25,9 +30,16 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from input_pipeline import storage
+
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 _MASK_DELTA = 0xA282EAD8
+# An object is scanned (indexed, or read whole in order) in blocks of this size: one
+# request per block instead of one per record header.
+SCAN_BLOCK_BYTES = 8 << 20
+# Records read one after another from an object are fetched this many bytes at a time.
+READ_AHEAD_BYTES = 4 << 20
 
 
 class TFRecordError(ValueError):
@@ -90,10 +102,17 @@ def _check_data(path: str, offset: int, data: bytes, footer: bytes, length: int)
         )
 
 
+def _open_for_scan(path: str, buffering: int = -1):
+    """A local file as before; an object read ahead SCAN_BLOCK_BYTES at a time."""
+    if storage.is_url(path):
+        return storage.open_file(path, "rb", block_size=SCAN_BLOCK_BYTES)
+    return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
+
+
 def iter_records(path: str) -> Iterator[tuple[int, bytes]]:
     """(byte offset, data) of every record in order, both checksums verified."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    size = storage.size(path)
+    with _open_for_scan(path) as f:
         offset = 0
         while offset < size:
             length = _read_header(f, path, offset, size)
@@ -105,9 +124,9 @@ def iter_records(path: str) -> Iterator[tuple[int, bytes]]:
 
 def index_file(path: str) -> np.ndarray:
     """Byte offsets of every record (int64), from the headers alone (length CRCs checked)."""
-    size = os.path.getsize(path)
+    size = storage.size(path)
     offsets = []
-    with open(path, "rb", buffering=0) as f:
+    with _open_for_scan(path, buffering=0) as f:
         offset = 0
         while offset < size:
             f.seek(offset)
@@ -118,10 +137,12 @@ def index_file(path: str) -> np.ndarray:
 
 
 def _index_cache_path(path: str, cache_dir: str) -> str:
-    st = os.stat(path)
-    key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
+    """The index file of `path` in the local cache_dir: keyed by the resolved path (an
+    object's URL never equals a local path), the size and the version."""
+    size, version = storage.file_version(path)
+    key = f"{storage.resolve(path)}|{size}|{version}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    return os.path.join(cache_dir, f"{os.path.basename(path)}.{digest}.idx.npy")
+    return os.path.join(cache_dir, f"{storage.basename(path)}.{digest}.idx.npy")
 
 
 def cached_index(path: str, cache_dir: str | None) -> np.ndarray:
@@ -137,6 +158,40 @@ def cached_index(path: str, cache_dir: str | None) -> np.ndarray:
     np.save(tmp, offsets)
     os.replace(tmp, cache)
     return offsets
+
+
+class _ObjectReads:
+    """Ranged reads of whole framed records from objects; thread safe. A record read
+    right after its predecessor in the same file (by the same thread: an eval set read in
+    order) fetches the records that follow it too, up to READ_AHEAD_BYTES, and the next
+    reads are served from them; any other read is one request for the record alone (the
+    training order is random)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def __reduce__(self):
+        return (_ObjectReads, ())  # a fresh one: the buffers stay with their threads
+
+    def framed(self, path: str, offsets: np.ndarray, file_size: int, k: int) -> bytes:
+        start = int(offsets[k])
+        end = int(offsets[k + 1]) if k + 1 < len(offsets) else file_size
+        last = getattr(self._local, "last", None)  # (path, record, buffer start, buffer)
+        sequential = False
+        if last is not None and last[0] == path:
+            _, last_k, buf_start, buf = last
+            if buf_start <= start and end <= buf_start + len(buf):
+                self._local.last = (path, k, buf_start, buf)
+                return buf[start - buf_start : end - buf_start]
+            sequential = k == last_k + 1
+        fetch_end = end
+        if sequential:  # through the last record that starts within the read-ahead
+            after = int(np.searchsorted(offsets, min(start + READ_AHEAD_BYTES, file_size)))
+            fetch_end = int(offsets[after]) if after < len(offsets) else file_size
+            fetch_end = max(fetch_end, end)
+        buf = storage.read_range(path, start, fetch_end - start)
+        self._local.last = (path, k, start, buf)
+        return buf[: end - start]
 
 
 class TFRecordSource:
@@ -163,7 +218,7 @@ class TFRecordSource:
         self._parse = parse
         n = len(self.files)
         offsets: list[np.ndarray | None] = [None] * n
-        self._sizes = [os.path.getsize(p) for p in self.files]
+        self._sizes = [storage.size(p) for p in self.files]
         for k in range(n):
             i = (first_file + k) % n
             index = cached_index(self.files[i], cache_dir)
@@ -174,6 +229,7 @@ class TFRecordSource:
         self._starts = np.concatenate([[0], np.cumsum(counts)])
         self._handles: dict[int, int] = {}  # file number -> descriptor
         self._open_lock = threading.Lock()
+        self._objects = _ObjectReads()
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -202,18 +258,30 @@ class TFRecordSource:
         """The raw data of global record index (data CRC checked). Thread safe: positioned
         reads (pread) on one descriptor per file, no shared file position."""
         file_no, offset = self.locate(index)
+        path = self.files[file_no]
+        if storage.is_url(path):
+            return self._read_object(file_no, index - int(self._starts[file_no]), offset)
         fd = self._handles.get(file_no)
         if fd is None:
             with self._open_lock:
                 fd = self._handles.get(file_no)
                 if fd is None:
-                    fd = self._handles[file_no] = os.open(self.files[file_no], os.O_RDONLY)
-        path = self.files[file_no]
+                    fd = self._handles[file_no] = os.open(path, os.O_RDONLY)
         header = os.pread(fd, _HEADER.size, offset)
         length = _parse_header(header, path, offset, self._sizes[file_no])
         blob = os.pread(fd, length + _FOOTER.size, offset + _HEADER.size)
         _check_data(path, offset, blob[:length], blob[length:], length)
         return blob[:length]
+
+    def _read_object(self, file_no: int, k: int, offset: int) -> bytes:
+        """Record k of an object: its framed bytes in one ranged read (the index gives
+        where the next record starts), both checksums verified."""
+        path, size = self.files[file_no], self._sizes[file_no]
+        framed = self._objects.framed(path, self._offsets[file_no], size, k)
+        length = _parse_header(framed[: _HEADER.size], path, offset, size)
+        data = framed[_HEADER.size : _HEADER.size + length]
+        _check_data(path, offset, data, framed[_HEADER.size + length :], length)
+        return data
 
     def __getitem__(self, index: int) -> Any:
         file_no, offset = self.locate(int(index))

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 from absl import logging
 
-from input_pipeline import packing, tf_example, tfrecord
+from input_pipeline import input_files, packing, tf_example, tfrecord
 from input_pipeline.bert_tfrecord import resolve_files
 from input_pipeline.subword_vocab import EOS_ID, SubwordVocab
 
@@ -135,10 +135,7 @@ def vocab_of(data_cfg) -> SubwordVocab:
             "data.format=mlperf_tfrecord needs data.vocab_file, the subword vocabulary the "
             "TFRecords were encoded with (vocab.translate_ende_wmt32k.32768.subwords)"
         )
-    path = os.path.expanduser(data_cfg.vocab_file)
-    if data_cfg.data_dir and not os.path.isabs(path):
-        path = os.path.join(os.path.expanduser(data_cfg.data_dir), path)
-    return SubwordVocab(path)
+    return SubwordVocab(input_files.resolve(data_cfg.vocab_file, data_cfg.data_dir))
 
 
 def train_rows(data_cfg, files: Sequence[str], vocab_size: int, index_dir: str):
@@ -206,12 +203,7 @@ def text_eval_pairs(
         raise ValueError(
             f"data.eval_text_files must be (source file, reference file), got {tuple(files)!r}"
         )
-    paths = []
-    for path in files:
-        path = os.path.expanduser(path)
-        if data_dir and not os.path.isabs(path):
-            path = os.path.join(os.path.expanduser(data_dir), path)
-        paths.append(path)
+    paths = [input_files.resolve(path, data_dir) for path in files]
     sources, refs = read_parallel(*paths)
     records, references = [], {}
     for index, (src, ref) in enumerate(zip(sources, refs, strict=True)):
@@ -228,7 +220,7 @@ def read(data_cfg, cache_dir: str, with_train: bool):
     """The reference's TFRecords (data.format=mlperf_tfrecord) as (vocabulary, training
     rows or None, eval records, references by index); translation_data assembles them."""
     vocab = vocab_of(data_cfg)
-    index_dir = os.path.join(cache_dir, "tfrecord_index")
+    index_dir = os.path.join(cache_dir, "tfrecord_index")  # local, whatever the inputs
     for key in ("train_files", "eval_files"):
         if not data_cfg[key]:
             raise ValueError(f"data.format=mlperf_tfrecord needs data.{key} (glob patterns)")
