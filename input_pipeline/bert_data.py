@@ -8,13 +8,14 @@ training starts:
     <cache_dir>/vocab/wordpiece_<hash>.txt                  trained WordPiece vocab
     <cache_dir>/tfds/bert_pretraining/h<hash>/1.0.0/        array_record train/eval splits
     <cache_dir>/locks/, <cache_dir>/tfds/locks/             fcntl locks for concurrent builds
+
+The input files (corpora, vocab.txt, TFRecords) may be local or in a bucket (`gs://`,
+input_files.py); the cache is always a local folder.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -28,8 +29,10 @@ from input_pipeline import (
     bert_tfrecord,
     documents,
     grain_pipeline,
+    input_files,
     pretraining_examples,
     stdlib_corpus,
+    storage,
     tokenizer,
 )
 from input_pipeline.file_lock import file_lock
@@ -94,17 +97,13 @@ class BertData:
 
 
 def _resolve(path: str, data_dir: str) -> str:
-    path = os.path.expanduser(path)
-    if data_dir and not os.path.isabs(path):
-        path = os.path.join(os.path.expanduser(data_dir), path)
-    return os.path.abspath(path)
+    """A config file path under data.data_dir (local or gs://)."""
+    return input_files.resolve(path, data_dir)
 
 
 def _files_key(paths: Sequence[str], **extra: Any) -> str:
-    """Short hash of file paths, sizes, mtimes and extra settings: a cache key."""
-    stats = {p: (os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths}
-    blob = json.dumps({"files": stats, **extra}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    """Short hash of file paths, sizes, versions and extra settings: a cache key."""
+    return input_files.files_key(paths, **extra)
 
 
 def _train_files(data_cfg, cache_dir: str) -> tuple[str, ...]:
@@ -120,7 +119,7 @@ def _train_files(data_cfg, cache_dir: str) -> tuple[str, ...]:
         raise ValueError("data.corpus='files' needs data.train_files")
     files = tuple(_resolve(p, data_cfg.data_dir) for p in data_cfg.train_files)
     for path in files:
-        if not os.path.isfile(path):
+        if not storage.isfile(path):
             raise FileNotFoundError(
                 f"training corpus file not found: {path!r} (config key data.train_files; "
                 "relative paths are resolved against data.data_dir)"
@@ -190,7 +189,7 @@ def build_bert_data(
     vocab_file, vocab_size, lowercase, cache_dir, masked_lm_prob, dupe_factor,
     short_seq_prob, seed, eval_fraction, max_eval_examples).
     """
-    cache_dir = os.path.abspath(os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR))
+    cache_dir = input_files.local_cache_dir(data_cfg.cache_dir, DEFAULT_CACHE_DIR)
     data_format = data_cfg.get("format", "text")
     if data_format == bert_tfrecord.FORMAT:
         return _tfrecord_data(
@@ -205,7 +204,7 @@ def build_bert_data(
     train_files = _train_files(data_cfg, cache_dir)
     eval_files = tuple(_resolve(p, data_cfg.data_dir) for p in (data_cfg.eval_files or ()))
     for path in eval_files:
-        if not os.path.isfile(path):
+        if not storage.isfile(path):
             raise FileNotFoundError(
                 f"eval corpus file not found: {path!r} (config key data.eval_files; "
                 "relative paths are resolved against data.data_dir)"

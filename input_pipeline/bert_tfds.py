@@ -1,8 +1,9 @@
 """A TF-free tensorflow-datasets builder of BERT pretraining examples (array_record files).
 
 The builder config's name is a hash of every parameter and of the input files' sizes and
-mtimes: a changed parameter or edited corpus builds a new dataset, an unchanged one reuses
-the cache. Read it with `as_data_source()` (tfds.load/as_dataset would need TensorFlow).
+versions (mtimes; generations of objects in a bucket): a changed parameter or edited
+corpus builds a new dataset, an unchanged one reuses the cache. Read it with
+`as_data_source()` (tfds.load/as_dataset would need TensorFlow).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from input_pipeline import documents as documents_lib
-from input_pipeline import pretraining_examples, tokenizer
+from input_pipeline import pretraining_examples, storage, tokenizer
 from input_pipeline.file_lock import file_lock
 
 TRAIN_SPLIT = "train"
@@ -44,11 +45,11 @@ class BertExamplesParams:
     corpus_format: str = "auto"
 
     def fingerprint(self) -> str:
-        """Short hash of the parameters and of the input files' sizes and mtimes."""
+        """Short hash of the parameters and of the input files' sizes and versions (local
+        mtimes, object generations)."""
         files = {}
         for path in (*self.train_files, *self.eval_files, self.vocab_file):
-            st = os.stat(path)
-            files[os.path.abspath(path)] = (st.st_size, st.st_mtime_ns)
+            files[storage.resolve(path)] = storage.file_version(path)
         blob = json.dumps({"params": dataclasses.asdict(self), "files": files}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -12,9 +12,10 @@ Formats:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
+
+from input_pipeline import storage
 
 FORMATS = ("auto", "bert", "wikitext", "blank_lines")
 
@@ -31,7 +32,7 @@ def check_utf8(path: str, config_key: str, chunk_bytes: int = 1 << 20) -> None:
 
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, line = 0, 1
-    with open(path, "rb") as f:
+    with storage.open_file(path, "rb") as f:
         while True:
             chunk = f.read(chunk_bytes)
             try:
@@ -53,12 +54,12 @@ def check_utf8(path: str, config_key: str, chunk_bytes: int = 1 << 20) -> None:
 
 
 def _read_lines(path: str, config_key: str) -> list[str]:
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(
             f"corpus file not found: {path!r} (set config key {config_key} to existing files, "
             "or data.data_dir to the folder that holds them)"
         )
-    with open(path, encoding="utf-8") as f:
+    with storage.open_file(path, "r", encoding="utf-8") as f:
         return f.read().splitlines()
 
 

@@ -1,4 +1,8 @@
-"""WordPiece tokenisation for BERT: load a vocab.txt, or train one on plain text."""
+"""WordPiece tokenisation for BERT: load a vocab.txt, or train one on plain text.
+
+The vocabulary and the text may be local files or objects in a bucket (`gs://`); the
+tokenizers library opens files by name, so it gets a local copy of an object
+(storage.local_copy: keyed by the object's version, bounded)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import dataclasses
 import os
 
 from tokenizers import BertWordPieceTokenizer
+
+from input_pipeline import storage
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -22,7 +28,7 @@ class SpecialIds:
 
 
 def _check_vocab_file(vocab_file: str) -> None:
-    if not os.path.isfile(vocab_file):
+    if not storage.isfile(vocab_file):
         raise FileNotFoundError(
             f"WordPiece vocab file not found: {vocab_file!r}. Set config key data.vocab_file "
             "to an existing vocab.txt (or to '' to train a vocab on the training text)."
@@ -33,7 +39,7 @@ def check_vocab_file(vocab_file: str, config_key: str = "data.vocab_file") -> No
     """The vocab exists, is UTF-8 and holds every special token BERT needs."""
     _check_vocab_file(vocab_file)
     try:
-        with open(vocab_file, encoding="utf-8") as f:
+        with storage.open_file(vocab_file, "r", encoding="utf-8") as f:
             tokens = {line.rstrip("\n") for line in f}
     except UnicodeDecodeError:
         raise ValueError(
@@ -54,7 +60,7 @@ def load_wordpiece(vocab_file: str, lowercase: bool = True) -> BertWordPieceToke
     bert-base-uncased does (same normaliser, pre-tokeniser and greedy WordPiece).
     """
     _check_vocab_file(vocab_file)
-    return BertWordPieceTokenizer(vocab_file, lowercase=lowercase)
+    return BertWordPieceTokenizer(storage.local_copy(vocab_file), lowercase=lowercase)
 
 
 def special_ids(tokenizer: BertWordPieceTokenizer) -> SpecialIds:
@@ -83,11 +89,11 @@ def train_wordpiece(
     Returns out_vocab_file.
     """
     for path in text_files:
-        if not os.path.isfile(path):
+        if not storage.isfile(path):
             raise FileNotFoundError(f"text file for vocab training not found: {path!r}")
     tokenizer = BertWordPieceTokenizer(lowercase=lowercase)
     tokenizer.train(
-        files=list(text_files),
+        files=[storage.local_copy(path) for path in text_files],
         vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),

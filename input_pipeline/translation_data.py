@@ -6,6 +6,9 @@ Expensive steps are cached under `cache_dir` and run before training starts:
     <cache_dir>/vocab/spm_<hash>.model                                  trained vocabulary
     <cache_dir>/tfds/parallel_text/h<hash>/1.0.0/                       tokenised splits
 
+The input files (parallel text, vocabularies, TFRecords) may be local or in a bucket
+(`gs://`, input_files.py); the cache is always a local folder.
+
 Training rows are packed (input_pipeline/packing.py) once, in a seeded order, and fed
 through grain in the process-count-invariant global order of
 `grain_pipeline.GlobalOrderHostRows`; eval batches are padded to whole global batches.
@@ -14,8 +17,6 @@ through grain in the process-count-invariant global order of
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -27,7 +28,9 @@ from absl import logging
 
 from input_pipeline import (
     grain_pipeline,
+    input_files,
     packing,
+    storage,
     translation_tfds,
     translation_tfrecord,
     translation_tiny,
@@ -105,22 +108,26 @@ class TranslationData:
 
 
 def _resolve(path: str, data_dir: str) -> str:
-    path = os.path.expanduser(path)
-    if data_dir and not os.path.isabs(path):
-        path = os.path.join(os.path.expanduser(data_dir), path)
-    return os.path.abspath(path)
+    """A config file path under data.data_dir (local or gs://)."""
+    return input_files.resolve(path, data_dir)
 
 
 def _pair(files: Sequence[str], data_dir: str, key: str) -> tuple[str, str]:
+    """(source, target) paths of a config key; a missing file is one line naming it."""
     if len(files) != 2:
         raise ValueError(f"{key} must be (source file, target file), got {tuple(files)!r}")
-    return _resolve(files[0], data_dir), _resolve(files[1], data_dir)
+    pair = _resolve(files[0], data_dir), _resolve(files[1], data_dir)
+    for path in pair:
+        if not storage.isfile(path):
+            raise FileNotFoundError(
+                f"parallel text file not found: {path!r} (config key {key}; relative paths "
+                "are resolved against data.data_dir)"
+            )
+    return pair
 
 
 def _files_key(paths: Sequence[str], **extra: Any) -> str:
-    stats = {p: (os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in paths}
-    blob = json.dumps({"files": stats, **extra}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return input_files.files_key(paths, **extra)
 
 
 def _vocab_file(data_cfg, train_pair: tuple[str, str], cache_dir: str) -> str:
@@ -189,7 +196,7 @@ def build_translation_data(
     eval_files, vocab_file, vocab_size, vocab_type, max_length, eval_max_length, pack, seed,
     cache_dir, max_eval_examples, tiny_train_pairs, tiny_eval_pairs.
     """
-    cache_dir = os.path.abspath(os.path.expanduser(data_cfg.cache_dir or DEFAULT_CACHE_DIR))
+    cache_dir = input_files.local_cache_dir(data_cfg.cache_dir, DEFAULT_CACHE_DIR)
     data_format = data_cfg.get("format", "text")
     if data_format == translation_tfrecord.FORMAT:
         return _from_tfrecords(*translation_tfrecord.read(data_cfg, cache_dir, with_train))
@@ -240,7 +247,7 @@ def build_translation_data(
     # Eval inputs are padded to the longest one, rounded up to 8 (static shapes).
     longest = max(max(len(r["inputs"]), len(r["targets"])) for r in records)
     eval_length = int(8 * math.ceil(longest / 8))
-    with open(files[eval_split][1], encoding="utf-8") as f:
+    with storage.open_file(files[eval_split][1], "r", encoding="utf-8") as f:
         target_lines = f.read().splitlines()
     references = {int(r["index"]): target_lines[int(r["index"])] for r in records}
     vocab = translation_vocab.load_vocab(vocab_file)

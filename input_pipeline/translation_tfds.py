@@ -9,7 +9,8 @@ of an eval example for BLEU without shipping strings through the device batch.
 Bad input: files with different line counts are an error naming both files and
 counts; empty lines and (train) pairs longer than max_length are skipped and counted,
 and the counts are logged and kept next to the dataset (filter_summary.json).
-The builder's name hashes every parameter and the files' sizes and mtimes.
+The builder's name hashes every parameter and the files' sizes and versions (mtimes;
+generations of objects in a bucket: the files may be `gs://` URLs).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging
 
-from input_pipeline import translation_vocab
+from input_pipeline import storage, translation_vocab
 from input_pipeline.file_lock import file_lock
 
 TRAIN_SPLIT = "train"
@@ -33,14 +34,14 @@ TRAIN_SPLIT = "train"
 def read_parallel(src_path: str, tgt_path: str) -> tuple[list[str], list[str]]:
     """Lines of two line-aligned files; a count mismatch is an error naming both."""
     for path in (src_path, tgt_path):
-        if not os.path.isfile(path):
+        if not storage.isfile(path):
             raise FileNotFoundError(
                 f"parallel text file not found: {path!r} (relative paths are resolved "
                 "against data.data_dir)"
             )
-    with open(src_path, encoding="utf-8") as f:
+    with storage.open_file(src_path, "r", encoding="utf-8") as f:
         src = f.read().splitlines()
-    with open(tgt_path, encoding="utf-8") as f:
+    with storage.open_file(tgt_path, "r", encoding="utf-8") as f:
         tgt = f.read().splitlines()
     if len(src) != len(tgt):
         raise ValueError(
@@ -105,10 +106,8 @@ class TranslationParams:
         files = {}
         for _, src, tgt in self.splits:
             for path in (src, tgt):
-                st = os.stat(path)
-                files[os.path.abspath(path)] = (st.st_size, st.st_mtime_ns)
-        st = os.stat(self.vocab_file)
-        files[self.vocab_file] = (st.st_size, st.st_mtime_ns)
+                files[storage.resolve(path)] = storage.file_version(path)
+        files[self.vocab_file] = storage.file_version(self.vocab_file)
         blob = json.dumps({"params": dataclasses.asdict(self), "files": files}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -2,7 +2,8 @@
 
 Special ids follow Google's Transformer code: 0 = padding (also the decoder's start
 token), 1 = end of sentence, 2 = unknown; there is no BOS. A user-supplied model must
-have these ids, or training would silently mix padding and text.
+have these ids, or training would silently mix padding and text. The model file and the
+training text may be local or in a bucket (`gs://`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import tempfile
 from collections.abc import Sequence
 
 import sentencepiece as spm
+
+from input_pipeline import storage
 
 PAD_ID = 0
 EOS_ID = 1
@@ -32,12 +35,12 @@ def check_special_ids(sp: spm.SentencePieceProcessor, path: str) -> None:
 
 def load_vocab(path: str) -> spm.SentencePieceProcessor:
     """Loads a sentencepiece model and checks its special ids."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise FileNotFoundError(
             f"sentencepiece model not found: {path!r} (config key data.vocab_file; '' trains "
             "one on the training text)"
         )
-    sp = spm.SentencePieceProcessor(model_file=path)
+    sp = spm.SentencePieceProcessor(model_proto=storage.read_bytes(path))
     check_special_ids(sp, path)
     return sp
 
@@ -48,14 +51,16 @@ def train_vocab(
     """Trains a sentencepiece model (unigram, bpe, word) on text_files (both languages: one
     shared vocabulary) and writes it to out_model atomically. Returns out_model."""
     for path in text_files:
-        if not os.path.isfile(path):
+        if not storage.isfile(path):
             raise FileNotFoundError(f"text file for vocab training not found: {path!r}")
+    # The trainer opens files by name: objects in a bucket come as (cached) local copies.
+    local_files = [storage.local_copy(path) for path in text_files]
     out_dir = os.path.dirname(os.path.abspath(out_model))
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         prefix = os.path.join(tmp, "spm")
         spm.SentencePieceTrainer.train(
-            input=",".join(text_files),
+            input=",".join(local_files),
             model_prefix=prefix,
             vocab_size=vocab_size,
             model_type=model_type,
