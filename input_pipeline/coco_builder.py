@@ -13,6 +13,9 @@ written as a clean COCO JSON (`eval_gt.json`) for pycocotools.
 Bad records (missing or undecodable image, zero-area or out-of-image box, unknown
 category) are named in the log, skipped, and counted; a JSON that is not COCO at all
 is a CocoFormatError.
+
+The annotations and images may be local or in a bucket (`gs://`): they are read in place
+(the images of a bucket several at a time); the prepared copy is in the local cache.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 from PIL import Image
 
+from input_pipeline import input_files, storage
 from input_pipeline.coco_records import (
     CocoFormatError,
     build_records,
@@ -60,10 +64,9 @@ class CocoFolder:
         files = {}
         for path in (self.annotations, self.eval_annotations):
             if path:
-                st = os.stat(path)
-                files[os.path.abspath(path)] = (st.st_size, st.st_mtime_ns)
+                files[storage.resolve(path)] = storage.file_version(path)
         fields = dataclasses.asdict(self)
-        fields["images_dir"] = os.path.abspath(self.images_dir)
+        fields["images_dir"] = storage.resolve(self.images_dir)
         blob = json.dumps({"folder": fields, "files": files}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -94,7 +97,7 @@ def _features() -> tfds.features.FeaturesDict:
 def _decodes(path: str) -> str | None:
     """None if the image decodes, else why not (a reduced-size decode is enough to tell)."""
     try:
-        with Image.open(path) as img:
+        with storage.open_file(path, "rb") as f, Image.open(f) as img:
             img.draft("RGB", (max(img.width // 8, 1), max(img.height // 8, 1)))
             img.load()
         return None
@@ -126,9 +129,10 @@ class CocoDetection(tfds.core.GeneratorBasedBuilder):
         yield from self._generate(records)
 
     def _generate(self, records: list[dict[str, Any]]):
-        for r in records:
-            with open(r["path"], "rb") as f:
-                data = np.frombuffer(f.read(), np.uint8)
+        remote = any(storage.is_url(r["path"]) for r in records)
+        images = input_files.map_ahead(storage.read_bytes, [r["path"] for r in records], remote)
+        for r, image in zip(records, images, strict=True):
+            data = np.frombuffer(image, np.uint8)
             example = {k: v for k, v in r.items() if k != "path"}
             yield int(r["image_id"]), {"image_bytes": data, **example}
 
@@ -203,7 +207,7 @@ def _builder(folder: CocoFolder, data_dir: str) -> CocoDetection:
 def prepare_coco(folder: CocoFolder, data_dir: str) -> CocoData:
     """Builds (or reuses) the dataset under data_dir; safe when processes build at once."""
     for path, key in ((folder.annotations, "annotations"), (folder.images_dir, "images_dir")):
-        if not os.path.exists(path):
+        if not (storage.exists(path) or storage.isdir(path)):
             raise FileNotFoundError(f"COCO {key} {path!r} does not exist; check data.data_dir.")
     name = _builder(folder, data_dir).builder_config.name
     with file_lock(os.path.join(data_dir, "locks", f"{name}.lock")):
@@ -240,7 +244,8 @@ def prepare_coco(folder: CocoFolder, data_dir: str) -> CocoData:
 def eval_ground_truth_path(folder: CocoFolder, build_dir: str) -> str:
     """The ground truth the eval scores against: the eval annotation file as given when
     it is a separate file and every category is kept (the full val2017 JSON, as the
-    references score), else the filtered copy written at build time."""
+    references score; pycocotools opens it by name, so an object in a bucket is given as
+    its cached local copy), else the filtered copy written at build time."""
     if folder.eval_annotations and not folder.categories:
-        return folder.eval_annotations
+        return storage.local_copy(folder.eval_annotations)
     return os.path.join(build_dir, "eval_gt.json")

@@ -8,11 +8,12 @@ is returned with the reason it was skipped, so the builder can name and count th
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from input_pipeline import input_files, storage
 
 _REQUIRED = ("images", "annotations", "categories")
 _BOX_TOLERANCE = 1.0  # pixels a box may stick out of its image (rounding in real data)
@@ -23,9 +24,15 @@ class CocoFormatError(ValueError):
 
 
 def load_coco_json(path: str) -> dict[str, Any]:
-    """Reads and checks the top-level structure of a COCO instances file."""
+    """Reads and checks the top-level structure of a COCO instances file (local or in a
+    bucket)."""
+    if not storage.isfile(path):
+        raise FileNotFoundError(
+            f"COCO annotations file {path!r} does not exist; check data.data_dir and "
+            "data.annotations / data.eval_annotations."
+        )
     try:
-        with open(path) as f:
+        with storage.open_file(path, "r") as f:
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise CocoFormatError(f"{path} is not JSON ({e}); expected a COCO instances file.") from e
@@ -101,21 +108,30 @@ def build_records(
     decode_error: Callable[[str], str | None],
     label_map: list[int] | None = None,
 ) -> tuple[list[dict[str, Any]], list[int], list[tuple[str, str]]]:
-    """Checked per-image records, the label map, and the skipped (record, reason) pairs."""
+    """Checked per-image records, the label map, and the skipped (record, reason) pairs.
+    `images_dir` is a local folder or a prefix in a bucket (whose images are listed once
+    and checked several at a time)."""
     label_map = label_map or label_map_for(coco, category_names)
     known = {c["id"] for c in coco["categories"]}
     label_of = {cat: i for i, cat in enumerate(label_map) if i > 0}
     by_image: dict[Any, list[dict[str, Any]]] = {}
     for ann in coco["annotations"]:
         by_image.setdefault(ann.get("image_id"), []).append(ann)
+    exists = input_files.existing_files(images_dir)
+    paths = [storage.join(images_dir, img["file_name"]) for img in coco["images"]]
+    present = [exists(path) for path in paths]
+    decode_errors = input_files.map_ahead(
+        decode_error,
+        [p for p, ok in zip(paths, present, strict=True) if ok],
+        storage.is_url(images_dir),
+    )
     records, skipped = [], []
-    for img in coco["images"]:
+    for img, path, ok in zip(coco["images"], paths, present, strict=True):
         name = f"image {img['id']} ({img['file_name']})"
-        path = os.path.join(images_dir, img["file_name"])
-        if not os.path.exists(path):
+        if not ok:
             skipped.append((name, f"missing image file: {path}"))
             continue
-        error = decode_error(path)
+        error = next(decode_errors)
         if error is not None:
             skipped.append((name, f"undecodable image: {error}"))
             continue

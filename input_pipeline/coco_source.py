@@ -9,13 +9,15 @@
     <data_dir>/val2017/*.jpg
 
 (relative `annotations`, `images_dir`, `eval_annotations`, `eval_images_dir` are taken
-from `data_dir`), or any single COCO JSON whose images are split by `split_seed`.
+from `data_dir`, a local folder or a `gs://` URL), or any single COCO JSON whose images
+are split by `split_seed`.
 """
 
 from __future__ import annotations
 
 import os
 
+from input_pipeline import input_files, storage
 from input_pipeline.coco_builder import CocoFolder
 from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
 
@@ -24,8 +26,10 @@ SOURCES = ("shapes", "coco")
 
 def cache_dir(data) -> str:
     """Where generated and prepared data sets live (`data.cache_dir`, default
-    ~/.cache/multipod)."""
-    return os.path.expanduser(data.get("cache_dir", "") or "~/.cache/multipod")
+    ~/.cache/multipod): a local folder (a URL is refused in one line)."""
+    value = data.get("cache_dir", "") or "~/.cache/multipod"
+    input_files.local_cache_dir(value)
+    return os.path.expanduser(value)
 
 
 def coco_folder(data, shapes_image_size: int) -> CocoFolder:
@@ -41,7 +45,7 @@ def coco_folder(data, shapes_image_size: int) -> CocoFolder:
         raise ValueError(f"data.source={data.source!r}: use one of {SOURCES}.")
 
     def path(p: str) -> str:
-        return os.path.join(data.data_dir, p) if p and not os.path.isabs(p) else p
+        return storage.join(data.data_dir, p) if p and not input_files.is_absolute(p) else p
 
     return CocoFolder(
         annotations=path(data.annotations),
