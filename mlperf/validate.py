@@ -145,6 +145,12 @@ def check_cache_dir(config) -> None:
     data = config.get("data")
     if data is None or "cache_dir" not in data:
         return
+    if storage.is_url(data.cache_dir):
+        raise ConfigError(
+            f"data.cache_dir {data.cache_dir} is in an object store; the data cache (built "
+            "data, offset indexes, locks) must be a local folder. Inputs may be in a bucket: "
+            "set data.data_dir to the gs:// URL instead."
+        )
     path = os.path.abspath(os.path.expanduser(data.cache_dir or DEFAULT_CACHE_DIR))
     try:
         _probe_write(path)
