@@ -83,10 +83,11 @@ def export(
         platforms = check_platforms(platforms)
         if batch_size < 1:
             raise ValueError(f"--batch_size {batch_size}: give at least 1")
-    trained = load_trained(run)
+    vocab_file = _bert_vocab(run.config) if run.benchmark == "bert" else None
+    trained = load_trained(run, vocab_size=_bert_vocab_size(run.config, vocab_file))
     output = output or default_output(workdir, fmt, run.benchmark, run.step)
     if fmt == "stablehlo":
-        return _stablehlo(trained, output, platforms, batch_size, input_length)
+        return _stablehlo(trained, output, platforms, batch_size, input_length, vocab_file)
     return _torch(trained, output)
 
 
@@ -123,14 +124,16 @@ def _backbone_config(trained):
     return trained.task.backbone_config()
 
 
-def _stablehlo(trained, output, platforms, batch_size: int, input_length: int) -> list[str]:
+def _stablehlo(
+    trained, output, platforms, batch_size: int, input_length: int, vocab_file: str | None
+) -> list[str]:
     from mlperf import inference_programs
     from mlperf.detection_predict import num_classes, run_label_map
     from mlperf.stablehlo_export import export_program
 
     benchmark = trained.run.benchmark
     if benchmark == "bert":
-        program = inference_programs.bert_program(trained, batch_size, _bert_vocab(trained))
+        program = inference_programs.bert_program(trained, batch_size, vocab_file)
     elif benchmark == "transformer":
         from mlperf.transformer.predict import Translator
 
@@ -150,15 +153,22 @@ def _stablehlo(trained, output, platforms, batch_size: int, input_length: int) -
     return export_program(program, trained.host_params(), output, platforms, source)
 
 
-def _bert_vocab(trained) -> str | None:
-    """The run's vocab.txt to ship beside the program, if it can be found."""
+def _bert_vocab(config) -> str | None:
+    """The run's vocab.txt (its size tells the table's padding rows; stablehlo ships it
+    beside the program), if it can be found."""
     from mlperf.bert.predict import run_vocab_file
 
     try:
-        return run_vocab_file(trained.config)
+        return run_vocab_file(config)
     except (FileNotFoundError, ValueError) as e:
-        print(f"multipod: warning: no vocab.txt beside the program: {e}", file=sys.stderr)
+        print(f"multipod: warning: the run's vocabulary is not here: {e}", file=sys.stderr)
         return None
+
+
+def _bert_vocab_size(config, vocab_file: str | None) -> int:
+    from mlperf.bert.predict import vocab_size_of
+
+    return vocab_size_of(vocab_file, bool(config.data.lowercase)) if vocab_file else 0
 
 
 def _translation_vocab(trained):

@@ -66,7 +66,7 @@ class TorchTransformer(torch.nn.Module):
         shifted = torch.nn.functional.pad(targets, (1, 0))[:, :-1]
         decoder_in = torch.where(targets_position == 0, torch.zeros_like(shifted), shifted)
         length = targets.shape[1]
-        causal = torch.nn.Transformer.generate_square_subsequent_mask(length)
+        causal = torch.ones(length, length, dtype=torch.bool).triu(1)  # True: not seen
         src_pad, tgt_pad = inputs_segmentation == 0, targets_segmentation == 0
         y = self.core(
             self.embed_at(inputs, inputs_position),

@@ -104,8 +104,10 @@ def read_image(path: str, index: int) -> InputImage:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
             width, height = img.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise BadImageError(f"{path} is not an image PIL can read ({e})") from None
+    except UnidentifiedImageError:
+        raise BadImageError(f"{path} is not an image (PIL recognises no format in it)") from None
+    except (OSError, SyntaxError, ValueError) as e:
+        raise BadImageError(f"{path} is not a readable image ({e})") from None
     stem = os.path.splitext(os.path.basename(path))[0]
     image_id = int(stem) if stem.isdigit() else index
     return InputImage(path, image_id, width, height, np.frombuffer(data, np.uint8))

@@ -78,12 +78,15 @@ def _only_shape(run: RunCheckpoint, *parts: str) -> tuple[int, ...]:
     return run.shape("['params']" + "".join(f"[{p}]" for p in parts))
 
 
-def sizes_from_checkpoint(run: RunCheckpoint) -> ConfigDict:
+def sizes_from_checkpoint(run: RunCheckpoint, vocab_size: int = 0) -> ConfigDict:
     """The run's config with the sizes training took from its data (vocabulary, classes)
-    set from the checkpoint's shapes: the model then builds without the data."""
+    set from the checkpoint's shapes: the model then builds without the data. BERT's
+    `vocab_size`, when given, is its tokenizer's: table rows past it are padding."""
     config = ConfigDict(run.config.to_dict())
     if run.benchmark == "bert":
         config.model.vocab_size = _only_shape(run, "'word_embeddings'", "'embedding'")[0]
+        if vocab_size:
+            config.data.vocab_size = vocab_size
     elif run.benchmark == "transformer":
         config.data.vocab_size = _only_shape(run, "'embed'", "'embedding'")[0]
     elif run.benchmark == "maskrcnn":
@@ -145,14 +148,16 @@ class TrainedModel:
         return jax.tree.map(np.asarray, jax.device_get(self.params))
 
 
-def load_trained(run: RunCheckpoint, ici_shape: Sequence[int] = ()) -> TrainedModel:
+def load_trained(
+    run: RunCheckpoint, ici_shape: Sequence[int] = (), vocab_size: int = 0
+) -> TrainedModel:
     """The model of `run`'s config on this process's devices, with the checkpoint's
-    parameters restored into their shardings."""
+    parameters restored into their shardings (`vocab_size`: see sizes_from_checkpoint)."""
     from mlperf.checkpoint import CheckpointConfig, Checkpointer
     from mlperf.train_state import stored_state_codec
     from mlperf.trainer import build_trainer
 
-    config = inference_mesh(sizes_from_checkpoint(run), ici_shape)
+    config = inference_mesh(sizes_from_checkpoint(run, vocab_size), ici_shape)
     trainer = build_trainer(config, prepare_data=False)
     checkpointer = Checkpointer(
         CheckpointConfig(run.directory), trainer.task.target_metric, read_only=True

@@ -51,6 +51,11 @@ def run_vocab_file(config: ConfigDict) -> str:
     return path
 
 
+def vocab_size_of(vocab_file: str, lowercase: bool = True) -> int:
+    """Tokens in a WordPiece vocabulary: the rows of the model's table that are real."""
+    return wordpiece.load_wordpiece(vocab_file, lowercase).get_vocab_size()
+
+
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     token: str

@@ -1,0 +1,127 @@
+"""A trained tiny SSD used and exported: `launch.predict detect` gives the evaluator's
+detections of the same images (boxes and scores to 1e-5) and writes COCO results and
+pictures; the torch export's backbone re-imports to the same parameters and gives our
+features in a torchvision-named torch ResNet; the stablehlo export runs without the
+project and gives the JAX model's detections."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pycocotools.coco
+import pytest
+from detector_helpers import check_backbone_export, evaluator_sums, write_eval_images
+from predict_helpers import run_cli, run_exported, train_tiny
+
+from input_pipeline.detection_augment import eval_view
+from launch.export import export
+from mlperf.coco_eval import load_ground_truth
+from mlperf.detection_predict import record_of
+from mlperf.ssd.model import backbone_config
+from mlperf.ssd.predict import SsdDetector
+from mlperf.trained_model import load_trained, read_run
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("predict_ssd")]
+
+EVAL_IMAGES = 8
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ssd")
+    train_tiny(
+        root / "run",
+        "ssd.py:tiny",
+        f"--config.data.cache_dir={root / 'cache'}",
+        "--config.data.shapes_images=40",
+        f"--config.data.eval_count={EVAL_IMAGES}",
+        "--config.train.global_batch_size=16",
+        f"--config.train.eval_batch_size={EVAL_IMAGES}",
+    )
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def trained(run):
+    return load_trained(read_run(str(run)))
+
+
+@pytest.fixture(scope="module")
+def detector(trained):
+    return SsdDetector(trained)
+
+
+@pytest.fixture(scope="module")
+def evaluated(trained, detector, tmp_path_factory):
+    """The evaluator's detections and predict's, of the eval images."""
+    task, sums = evaluator_sums(trained, EVAL_IMAGES)
+    images = write_eval_images(task, tmp_path_factory.mktemp("images"), EVAL_IMAGES)
+    return task, sums, images, detector.detect(images, EVAL_IMAGES)
+
+
+def test_detections_equal_the_evaluators(evaluated):
+    _, sums, images, found = evaluated
+    dets = sums["detections"].reshape(-1, *sums["detections"].shape[-2:])
+    ids = sums["image_ids"].reshape(-1)
+    assert sorted(ids.tolist()) == sorted(im.image_id for im in images)
+    total = 0
+    for d in found:
+        row = dets[list(ids).index(d.image.image_id)]
+        row = row[row[:, 4] > 0]  # filled NMS slots
+        total += len(row)
+        np.testing.assert_allclose(d.boxes_xywh, row[:, :4], atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(d.scores, row[:, 4], atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(d.labels, row[:, 5].astype(np.int64))
+    assert total > 0  # something was detected to compare
+
+
+def test_cli_writes_coco_results_and_pictures(run, evaluated, tmp_path):
+    task, _, images, found = evaluated
+    out = tmp_path / "out"
+    paths = [im.path for im in images[:2]]
+    proc = run_cli("launch.predict", "detect", f"--workdir={run}", f"--output={out}", *paths)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "detections.json").read_text())
+    gt = load_ground_truth(str(out / "images.json"))
+    loaded = gt.loadRes(results)  # pycocotools reads them as they are
+    assert isinstance(loaded, pycocotools.coco.COCO)
+    names = {c["name"] for c in gt.dataset["categories"]}
+    assert names == set(task.data.coco.category_names[1:])
+    assert len(results) == sum(len(d.scores) for d in found[:2])
+    first = [r for r in results if r["image_id"] == images[0].image_id]
+    np.testing.assert_allclose([r["score"] for r in first], found[0].scores, atol=1e-5)
+    for im in images[:2]:
+        assert (out / f"{im.image_id}.png").stat().st_size > 0
+
+
+def test_torch_export_backbone_and_heads(run, trained, tmp_path):
+    pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    paths = export(str(run), "torch", output=str(tmp_path / "torch"))
+    params = trained.host_params()
+    cfg = backbone_config(trained.task.model_config())
+    check_backbone_export(paths[0], params["backbone"], cfg)
+    heads = load_file(paths[1])
+    mapping = json.loads((tmp_path / "torch" / "heads_mapping.json").read_text())
+    assert {m["torch"] for m in mapping} == set(heads) and "conf_heads.0.weight" in heads
+    kernel = params["conf_heads"][0]["kernel"]  # HWIO -> OIHW
+    np.testing.assert_array_equal(heads["conf_heads.0.weight"], kernel.transpose(3, 2, 0, 1))
+    np.testing.assert_array_equal(
+        heads["extras.0.bn1.running_var"], params["extras"][0]["bn1"]["var"]
+    )
+
+
+def test_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path):
+    _, _, images, _ = evaluated
+    folder = tmp_path / "stablehlo"
+    export(str(run), "stablehlo", output=str(folder), batch_size=EVAL_IMAGES)
+    size = trained.task.anchors.image_size
+    batch = {"image": np.stack([eval_view(record_of(im), size) for im in images])}
+    expected = detector.runner(batch)  # the compiled program predict ran
+    out = run_exported(folder, batch, tmp_path)
+    assert json.loads((folder / "labels.json").read_text())["names"][0] == "background"
+    for name in ("boxes", "scores"):
+        np.testing.assert_allclose(out[name], expected[name], atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(out["classes"], expected["classes"])
