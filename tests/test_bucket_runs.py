@@ -50,7 +50,7 @@ def _committed(server: GcsServer, prefix: str) -> list[int]:
     """Checkpoint steps under `prefix` with orbax's commit marker, oldest first."""
     names = _objects(server, prefix)
     marker = "/commit_success.txt"
-    steps = [n.split("/")[1] for n in names if n.startswith("checkpoints/") and n.endswith(marker)]
+    steps = {n.split("/")[1] for n in names if n.startswith("checkpoints/")}
     return sorted(int(s) for s in steps if s.isdigit() and f"checkpoints/{s}{marker}" in names)
 
 
