@@ -53,6 +53,8 @@ from etils import epath  # noqa: E402 - after the emulator settings
 # gcsfs logs every request that ran out of retries with its traceback; the error itself
 # reaches the caller, which reports it in one line (StorageError).
 logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
+# fsspec announces every read-ahead cache it opens at INFO.
+logging.getLogger("fsspec").setLevel(logging.WARNING)
 
 _URL = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 SUPPORTED_SCHEMES = ("gs",)
