@@ -16,6 +16,11 @@ A stalled run (every process alive, none printing, e.g. all waiting in a collect
 `kill -USR1 <launcher pid>` makes every launch.train process print each thread's Python
 stack and go on; with `--stall_s=N` the launcher does that itself once no process has
 printed a line for N seconds, then stops them all and exits with EXIT_STALLED (75).
+
+`--supervise` starts the whole job again whenever it ends in a way a restart can help
+(a process killed or preempted, a peer lost, a stall), until the run ends, at most
+`--max_restarts` times, waiting `--backoff_s` (doubling) in between; the run resumes
+from its newest checkpoint each time (launch/supervisor.py).
 """
 
 from __future__ import annotations
@@ -38,8 +43,10 @@ from launch.cli import (
     EXIT_STALLED,
     EXIT_TARGET_NOT_REACHED,
     EXIT_TARGET_REACHED,
+    EXIT_WORKDIR_HELD,
     relax_cpu_collective_timeouts,
 )
+from launch.supervisor import Attempt, Backoff, Supervisor, workdir_of
 
 # Exit codes with which a process ends the run in an orderly way: the others are left to
 # end by themselves (they reach the same decision within moments).
@@ -58,6 +65,18 @@ _STALL_S = flags.DEFINE_float(
     "Stop the run when no process has printed a line for this many seconds, after asking "
     "each for its Python stacks (SIGUSR1); 0: never. Leave room for the first compile.",
     lower_bound=0.0,
+)
+_SUPERVISE = flags.DEFINE_bool(
+    "supervise", False, "Start the whole job again after a crash or preemption (resumes)."
+)
+_MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts", 3, "--supervise: restarts before giving up.", lower_bound=0
+)
+_BACKOFF_S = flags.DEFINE_float(
+    "backoff_s", 1.0, "--supervise: wait before the first restart (doubles).", lower_bound=0.0
+)
+_MAX_BACKOFF_S = flags.DEFINE_float(
+    "max_backoff_s", 60.0, "--supervise: longest wait between restarts.", lower_bound=0.0
 )
 
 
@@ -128,6 +147,7 @@ def describe_exit(index: int, code: int) -> str:
         return f"process {index} crashed: killed by {name}"
     meaning = {
         EXIT_BAD_INPUT: "stopped on bad input or cluster setup; its error line is above",
+        EXIT_WORKDIR_HELD: "stopped: another run holds the work directory; its line is above",
         EXIT_PEER_LOST: "stopped because another process died or never joined",
         EXIT_CRASH: "crashed with an unexpected error; its traceback is above",
     }.get(code, "crashed")
@@ -226,6 +246,34 @@ def launch(
             pump.join(timeout=5)
 
 
+def supervise(
+    command: list[str],
+    processes: int,
+    devices: int,
+    grace_s: float = 10.0,
+    stall_s: float = 0.0,
+    max_restarts: int = 3,
+    backoff: Backoff | None = None,
+) -> int:
+    """`launch` in a restart loop (launch/supervisor.py) until the run ends for good."""
+    workdir = workdir_of(command)
+    supervisor = Supervisor("launch.local", workdir, max_restarts, backoff or Backoff(1.0, 60.0))
+
+    def recover(previous: Attempt | None, ended: float) -> float:
+        if previous is not None and workdir:
+            from mlperf import lease
+
+            # Every process of the attempt is gone; a lease left by a killed one is freed
+            # by its dead pid, and a run of someone else's is waited for.
+            lease.wait_until_free(workdir, lease.TTL_S + 30, supervisor.say)
+        return 0.0  # the machine never goes away
+
+    def attempt(_: int) -> Attempt:
+        return Attempt(launch(command, processes, devices, grace_s, stall_s))
+
+    return supervisor.run(attempt, recover)
+
+
 def main(argv: list[str]) -> None:
     command = argv[1:]
     if command and command[0] == "--":
@@ -234,7 +282,11 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("give the command to run after --, e.g. -- python -m launch.train ...")
     if command[0] in ("python", "python3"):
         command[0] = sys.executable  # the launcher's own interpreter (the project's venv)
-    sys.exit(launch(command, _PROCESSES.value, _DEVICES.value, _GRACE_S.value, _STALL_S.value))
+    args = (command, _PROCESSES.value, _DEVICES.value, _GRACE_S.value, _STALL_S.value)
+    if _SUPERVISE.value:
+        backoff = Backoff(_BACKOFF_S.value, _MAX_BACKOFF_S.value)
+        sys.exit(supervise(*args, max_restarts=_MAX_RESTARTS.value, backoff=backoff))
+    sys.exit(launch(*args))
 
 
 if __name__ == "__main__":

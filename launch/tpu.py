@@ -13,6 +13,14 @@ Commands:
            `--env KEY=VALUE` (repeatable) is exported first; each worker tees its output
            to ~/multipod_logs/run.log; `--logs_dir D` copies them back to D/worker-<i>.log
            (multi-slice: D/slice-<s>-worker-<i>.log), also after a failed run.
+  supervise  `run` that brings itself back (launch/tpu_supervise.py): creates the TPU if
+           missing, waits until it is READY, sets it up, runs the command on every worker
+           and, when an attempt ends in a preemption (exit 143 on a worker, the TPU
+           PREEMPTED / TERMINATED / FAILED, ssh failing, a peer lost: exit 4), deletes
+           and recreates what was lost, sets it up again and reruns the same command,
+           which resumes from the bucket work directory; at most `--max_restarts` times,
+           waiting `--backoff_s` (doubling, up to `--max_backoff_s`) in between. It
+           stops for good on 0, 1, 2, 70 and codes a restart cannot help.
   ssh      `tpu-vm ssh` to one worker (`--worker`, `--slice`); words after `--` are run.
   delete   delete the TPU VM (or the queued resource with all its slices).
 
@@ -34,10 +42,16 @@ import sys
 
 from absl import app, flags
 
-COMMANDS = ("create", "setup", "run", "ssh", "delete")
+from launch.supervisor import Backoff, workdir_of
+from launch.tpu_supervise import EXIT_MARKER, TpuPlan, TpuSupervisor
+
+COMMANDS = ("create", "setup", "run", "supervise", "ssh", "delete")
 REMOTE_DIR = "~/multipod"
 REMOTE_LOG_DIR = "~/multipod_logs"
 REMOTE_LOG = f"{REMOTE_LOG_DIR}/run.log"
+# A supervised run's process group on each worker, so that the next attempt can end it.
+REMOTE_PID = f"{REMOTE_LOG_DIR}/run.pgid"
+STOP_GRACE_S = 120  # SIGTERM (a checkpoint is written) before SIGKILL
 REMOTE_VENV = f"{REMOTE_DIR}/.venv"
 PYTHON_VERSION = "3.11"  # pyproject.toml: requires-python >= 3.11
 TPU_VM = ["gcloud", "compute", "tpus", "tpu-vm"]
@@ -262,21 +276,65 @@ def setup_commands(
     return commands
 
 
+def _remote_prefix(env: list[tuple[str, str]]) -> list[str]:
+    """cd, the setup's venv first on PATH (so `python3` is its 3.11), export env."""
+    parts = [f"cd {REMOTE_DIR}", f"mkdir -p {REMOTE_LOG_DIR}"]
+    parts.append('export PATH="$HOME/multipod/.venv/bin:$PATH"')
+    return parts + [f"export {key}={shlex.quote(value)}" for key, value in env]
+
+
 def remote_run_line(line: str, env: list[tuple[str, str]]) -> str:
     """Worker-side shell line: cd, the setup's venv first on PATH (so `python3` is its
     3.11), export env, run `line` with its output teed to the log."""
-    parts = [f"cd {REMOTE_DIR}", f"mkdir -p {REMOTE_LOG_DIR}"]
-    parts.append('export PATH="$HOME/multipod/.venv/bin:$PATH"')
-    parts += [f"export {key}={shlex.quote(value)}" for key, value in env]
+    parts = _remote_prefix(env)
     parts.append(f"set -o pipefail && ( {line} ) 2>&1 | tee {REMOTE_LOG}")
     return " && ".join(parts)
 
 
+def supervised_run_line(line: str, env: list[tuple[str, str]]) -> str:
+    """`remote_run_line` for `supervise`: the command runs in a process group of its own
+    (its id in REMOTE_PID, for `stop_line`; a death by signal N reads as 128 + N), and
+    the worker's last line is `multipod-exit-code HOSTNAME CODE`
+    (launch/tpu_supervise.py reads it)."""
+    group = f"echo $$ > {REMOTE_PID}; bash -c {shlex.quote(line)}; rc=$?; exit $rc"
+    run = f"( setsid --wait bash -c {shlex.quote(group)} ) 2>&1 | tee {REMOTE_LOG}"
+    report = f'rc=$?; echo "{EXIT_MARKER} $(hostname) $rc"; exit $rc;'
+    return " && ".join(_remote_prefix(env)) + f" && {{ set -o pipefail; {run}; {report} }}"
+
+
+def stop_line() -> str:
+    """Worker-side shell line that ends what is left of a supervised attempt: SIGTERM to
+    its process group, SIGKILL after STOP_GRACE_S."""
+    return (
+        f"if [ -f {REMOTE_PID} ]; then pg=$(cat {REMOTE_PID}); "
+        "kill -TERM -- -$pg 2>/dev/null; "
+        f"for i in $(seq {STOP_GRACE_S}); do kill -0 -- -$pg 2>/dev/null || break; sleep 1; done; "
+        f"kill -KILL -- -$pg 2>/dev/null; rm -f {REMOTE_PID}; fi; true"
+    )
+
+
+def describe_command(target: Target) -> list[str]:
+    """Prints the TPU's state: the TPU VM's (READY, PREEMPTED, ...) or, for several
+    slices, the queued resource's (ACTIVE, SUSPENDED, ...)."""
+    if target.multislice:
+        return [*QUEUED, "describe", target.name, *target.scope(), "--format=value(state.state)"]
+    return [*TPU_VM, "describe", target.name, *target.scope(), "--format=value(state)"]
+
+
 def run_commands(
-    target: Target, line: str, env: list[tuple[str, str]], accelerator_type: str | None = None
+    target: Target,
+    line: str,
+    env: list[tuple[str, str]],
+    accelerator_type: str | None = None,
+    supervised: bool = False,
 ) -> list[list[str]]:
     """Start `line` on every worker at once (all slices for multi-slice)."""
-    command = f"--command={remote_run_line(line, env)}"
+    remote = supervised_run_line(line, env) if supervised else remote_run_line(line, env)
+    return _on_every_worker(target, remote, accelerator_type)
+
+
+def _on_every_worker(target: Target, remote: str, accelerator_type: str | None) -> list[list[str]]:
+    command = f"--command={remote}"
     if not target.multislice:
         return [[*TPU_VM, "ssh", target.name, "--worker=all", *target.scope(), command]]
     if not accelerator_type:
@@ -383,6 +441,21 @@ _PYTHON_VERSION = flags.DEFINE_string(
     "Python that setup's venv gets through uv; empty: install into --python itself.",
 )
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the gcloud commands; run nothing.")
+_MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts", 20, "supervise: restarts before giving up.", lower_bound=0
+)
+_BACKOFF_S = flags.DEFINE_float(
+    "backoff_s", 60.0, "supervise: wait before the first restart (doubles).", lower_bound=0.0
+)
+_MAX_BACKOFF_S = flags.DEFINE_float(
+    "max_backoff_s", 1800.0, "supervise: longest wait between restarts.", lower_bound=0.0
+)
+_POLL_S = flags.DEFINE_float(
+    "poll_s",
+    30.0,
+    "supervise: seconds between state checks of a TPU not READY yet.",
+    lower_bound=0.0,
+)
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -402,9 +475,71 @@ def _copy_logs_after_failure(logs: list[list[str]], dry_run: bool) -> None:
         print(f"multipod: warning: {e}", file=sys.stderr)
 
 
+def supervise_plan(
+    target: Target,
+    accelerator_type: str,
+    words: list[str],
+    env: list[tuple[str, str]],
+    sources: list[str],
+    runtime_version: str | None = None,
+    spot: bool = False,
+    python: str = "python3",
+    python_version: str = PYTHON_VERSION,
+) -> TpuPlan:
+    """The gcloud commands `supervise` runs (launch/tpu_supervise.py's TpuPlan); the
+    command's --workdir must be a bucket URL (a recreated VM starts with an empty disk)."""
+    line = shell_line(words)
+    workdir = workdir_of(words)
+    if not workdir or not workdir.startswith("gs://"):
+        raise ValueError(
+            f"supervise needs the run's --workdir in a bucket (gs://BUCKET/RUN), got "
+            f"{workdir or 'none'}: a recreated TPU VM starts with an empty disk, and the "
+            "restarted run resumes from its work directory."
+        )
+    what = f"queued resource {target.name}" if target.multislice else f"TPU VM {target.name}"
+    stop = _on_every_worker(target, stop_line(), accelerator_type)
+    return TpuPlan(
+        describe=describe_command(target),
+        create=create_commands(target, accelerator_type, runtime_version, spot),
+        delete=delete_commands(target),
+        setup=setup_commands(target, sources, python, python_version),
+        run=run_commands(target, line, env, accelerator_type, supervised=True)[0],
+        stop=stop,
+        workers=hosts_for(accelerator_type) * target.num_slices,
+        workdir=workdir,
+        what=what,
+    )
+
+
+def _supervise(target: Target, words: list[str]) -> None:
+    """`supervise`: the restart loop (or, with --dry_run, a first attempt's commands on a
+    TPU that does not exist yet)."""
+    plan = supervise_plan(
+        target,
+        _need_type("supervise"),
+        words,
+        parse_env(_ENV.value),
+        code_sources(_REPO),
+        _RUNTIME.value,
+        _SPOT.value,
+        _PYTHON.value,
+        _PYTHON_VERSION.value,
+    )
+    if _DRY_RUN.value:
+        execute([*plan.create, plan.describe, *plan.setup, plan.run], dry_run=True)
+        return
+    backoff = Backoff(_BACKOFF_S.value, _MAX_BACKOFF_S.value)
+    code = TpuSupervisor(plan, _MAX_RESTARTS.value, backoff, _POLL_S.value).run()
+    if code:
+        raise SystemExit(code)
+
+
 def _dispatch(command: str, words: list[str]) -> None:
     """Build and execute one command's gcloud commands."""
     target = Target(_NAME.value, _ZONE.value, _PROJECT.value, _NUM_SLICES.value)
+    if command == "supervise":
+        _supervise(target, words)
+        return
     if words and command not in ("run", "ssh"):
         raise ValueError(f"{command} takes no arguments after the flags, got {words}")
     dry = _DRY_RUN.value

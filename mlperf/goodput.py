@@ -5,6 +5,13 @@ seconds to the buckets below; `WORKDIR/goodput.json` holds the sums so far and i
 rewritten at every logged step, so a killed attempt loses at most the time since its last
 progress line. A resume moves the time the previous attempt spent on steps after the
 restored checkpoint (they are trained again) from `train_s` to `restart_lost_s`.
+
+A supervisor that restarts the run (`launch.tpu supervise`, `launch.local --supervise`)
+writes `WORKDIR/supervisor.json`: the attempt it is starting and, for each restart, the
+seconds between the end of one attempt and the start of the next, and how many of them
+passed without machines (preempted TPU VMs being deleted, recreated and waited for). A
+resume folds the restarts it has not counted yet into the ledger: the time without
+machines into `no_machines_s`, the rest of the wait into `restart_lost_s`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 from input_pipeline import storage
 
 FILE = "goodput.json"
+SUPERVISOR_FILE = "supervisor.json"
 BUCKETS = (
     "init_s",  # set-up other than the buckets below (mesh, state init, peak measurement)
     "data_prep_s",  # preparing the data and building the input iterators
@@ -27,7 +35,8 @@ BUCKETS = (
     "train_s",  # train steps (host input and progress lines included)
     "eval_s",
     "checkpoint_save_s",  # the part of saves that blocks training (the rest overlaps)
-    "restart_lost_s",  # steps trained by an earlier attempt after its last checkpoint
+    "restart_lost_s",  # steps redone after a resume, and the wait between attempts
+    "no_machines_s",  # between attempts, without machines (recreating preempted TPU VMs)
 )
 
 
@@ -43,7 +52,9 @@ class Goodput:
     eval_s: float = 0.0
     checkpoint_save_s: float = 0.0
     restart_lost_s: float = 0.0
+    no_machines_s: float = 0.0
     attempts: int = 1
+    supervised_restarts: int = 0  # the supervisor's restarts folded in so far
     train_steps: int = 0  # steps trained over all attempts (redone ones counted twice)
     last_step: int = 0  # the step the latest attempt had reached when last written
 
@@ -99,4 +110,28 @@ class Goodput:
         except (OSError, ValueError):
             return None
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in saved.items() if k in names})
+        ledger = cls(**{k: v for k, v in saved.items() if k in names})
+        ledger.fold_supervisor(read_supervisor(workdir))
+        return ledger
+
+    def fold_supervisor(self, record: dict[str, Any] | None) -> None:
+        """Adds the supervisor's restarts not counted yet (see the module docstring); the
+        attempts so far are at least the ones the supervisor started before this one."""
+        if not record:
+            return
+        restarts = record.get("restarts") or []
+        for gap in restarts[self.supervised_restarts :]:
+            no_machines = max(float(gap.get("no_machines_s", 0.0)), 0.0)
+            self.no_machines_s += no_machines
+            self.restart_lost_s += max(float(gap.get("seconds", 0.0)) - no_machines, 0.0)
+        self.supervised_restarts = max(self.supervised_restarts, len(restarts))
+        self.attempts = max(self.attempts, int(record.get("attempt", 1)) - 1)
+
+
+def read_supervisor(workdir: str) -> dict[str, Any] | None:
+    """WORKDIR/supervisor.json, or None (absent or unreadable: bookkeeping only)."""
+    try:
+        record = json.loads(storage.read_text(storage.join(workdir, SUPERVISOR_FILE)))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None

@@ -422,7 +422,7 @@ def test_cli_dry_run_create_and_delete_multislice():
         (["create", "--name=p", "--zone=z"], "create needs --accelerator_type"),
         (["create", "--zone=z", "--accelerator_type=v3-8"], "--name is required"),
         (["delete", "--name=p"], "--zone is required"),
-        (["reboot", "--name=p", "--zone=z"], "one of create, setup, run, ssh, delete"),
+        (["reboot", "--name=p", "--zone=z"], "one of create, setup, run, supervise, ssh, delete"),
         (["run", "--name=p", "--zone=z"], "no command given"),
         (["run", "--name=p", "--zone=z", "--logs_dir=d", "--", "ls"], "needs --accelerator"),
         (["run", "--name=p", "--zone=z", "--env=1A=b", "--", "ls"], "--env '1A=b'"),
