@@ -24,22 +24,22 @@ cannot take, a checkpoint of another benchmark) is one line on stderr and exit c
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from absl import app, flags, logging
 
 from launch.cli import parse_flags, usage_error
-
-VERBS = {
-    "translate": ("transformer",),
-    "fill_mask": ("bert",),
-    "next_sentence": ("bert",),
-    "detect": ("ssd", "maskrcnn"),
-}
+from launch.predict_verbs import (
+    VERBS,
+    check_lines,
+    detect,
+    fill_mask,
+    read_lines,
+    translate,
+    write_text,
+)
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's work directory.")
 _STEP = flags.DEFINE_integer("step", -1, "Checkpoint step (-1: the newest).")
@@ -66,121 +66,11 @@ _THRESHOLD = flags.DEFINE_float(
 )
 
 
-def read_lines(path: str) -> list[str]:
-    """The input's lines ('-': stdin); a ValueError for an unreadable or empty input."""
-    name = "stdin" if path == "-" else path
-    try:
-        if path == "-":
-            text = sys.stdin.buffer.read().decode("utf-8")
-        else:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-    except UnicodeDecodeError:
-        raise ValueError(f"{name} is not UTF-8 text") from None
-    except OSError as e:
-        raise ValueError(f"cannot read {name}: {e.strerror or e}") from None
-    lines = text.splitlines()
-    if not any(line.strip() for line in lines):
-        raise ValueError(f"{name} is empty: nothing to predict")
-    return lines
-
-
-def check_lines(lines: Sequence[str], verb: str, name: str) -> None:
-    """BERT verbs: every line has what its verb needs (a [MASK]; a tab-separated pair)."""
-    from mlperf.bert.predict import MASK
-
-    for number, line in enumerate(lines, 1):
-        if verb == "fill_mask" and MASK not in line:
-            raise ValueError(f"{name} line {number}: no {MASK} token to fill")
-        if verb == "next_sentence" and line.count("\t") != 1:
-            raise ValueError(f"{name} line {number}: give two sentences separated by one tab")
-
-
-def progress_bar(total: int, unit: str, batch: int) -> Callable[[int], None] | None:
-    """A progress bar on stderr when the input takes more than one batch."""
-    if total <= batch:
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, unit=unit, file=sys.stderr, dynamic_ncols=True)
-    return bar.update
-
-
-def write_text(path: str, lines: Sequence[str]) -> None:
-    """Lines to `path` ('' or '-': stdout)."""
-    text = "".join(line + "\n" for line in lines)
-    if path in ("", "-"):
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def translate(trained, lines: list[str]) -> list[str]:
-    from mlperf.transformer.predict import Translator, run_vocabulary
-
-    translator = Translator(
-        trained, run_vocabulary(trained.config), _BEAM_SIZE.value, _LENGTH_PENALTY.value
-    )
-    rows = translator.runner.batch_size(_BATCH_SIZE.value)
-    results = translator.translate(lines, rows, progress_bar(len(lines), "line", rows))
-    if _OUTPUT_FORMAT.value == "text":
-        return [r.text for r in results]
-    return [
-        json.dumps({"source": r.source, "translation": r.text, "tokens": list(r.tokens)})
-        for r in results
-    ]
-
-
-def fill_mask(trained, vocab_file: str, lines: list[str], verb: str) -> list[str]:
-    from mlperf.bert.predict import MaskFiller
-
-    filler = MaskFiller(trained, vocab_file, _TOP_K.value)
-    for number, line in enumerate(lines, 1):  # every line checked before anything runs
-        try:
-            filler.featurize(line)
-        except ValueError as e:
-            raise ValueError(f"{_input_name()} line {number}: {e}") from None
-    rows = filler.runner.batch_size(_BATCH_SIZE.value)
-    results = filler.predict(lines, rows, progress_bar(len(lines), "line", rows))
-    out = []
-    for r in results:
-        record: dict = {"text": r.text}
-        if verb == "fill_mask":
-            record["filled"] = r.filled
-            record["masks"] = [[dataclasses.asdict(c) for c in m] for m in r.masks]
-        if r.is_next is not None:
-            record["is_next"] = r.is_next
-        out.append(json.dumps(record, ensure_ascii=False))
-    return out
-
-
-def detect(trained, images, output: str) -> list[str]:
-    from mlperf import detection_predict as dp
-
-    if trained.run.benchmark == "ssd":
-        from mlperf.ssd.predict import SsdDetector as Detector
-    else:
-        from mlperf.maskrcnn.predict import MaskRcnnDetector as Detector
-    labels, source = dp.run_label_map(trained.task, dp.num_classes(trained))
-    print(f"categories: {source}", file=sys.stderr)
-    detector = Detector(trained)
-    rows = detector.runner.batch_size(_BATCH_SIZE.value)
-    found = detector.detect(images, rows, progress_bar(len(images), "image", rows))
-    return dp.write_outputs(output, found, labels, _THRESHOLD.value)
-
-
-def _input_name() -> str:
-    return "stdin" if _INPUT.value == "-" else _INPUT.value
-
-
 def predict(verb: str, inputs: Sequence[str]) -> None:
-    """Runs one verb (see the module docstring); ValueError / FileNotFoundError for bad
-    input, raised before any model is built where the input alone shows it."""
-    from mlperf.trained_model import read_run
-
+    """Runs one verb with the flags' values (see the module docstring); ValueError or
+    FileNotFoundError for bad input, raised before any model is built (before jax is
+    imported) where the input alone shows it."""
+    input_name = "stdin" if _INPUT.value == "-" else _INPUT.value
     if verb == "detect":
         from mlperf.detection_predict import image_files, read_images
 
@@ -195,12 +85,12 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
             raise ValueError(f"unexpected arguments {list(inputs)}: give the text with --input")
         lines = read_lines(_INPUT.value)
         if verb != "translate":
-            check_lines(lines, verb, _input_name())
-    run = read_run(_WORKDIR.value, _STEP.value, _CHECKPOINT_DIR.value, VERBS[verb], verb)
+            check_lines(lines, verb, input_name)
 
     from mlperf import compilation_cache
-    from mlperf.trained_model import load_trained
+    from mlperf.trained_model import load_trained, read_run
 
+    run = read_run(_WORKDIR.value, _STEP.value, _CHECKPOINT_DIR.value, VERBS[verb], verb)
     compilation_cache.enable(compilation_cache.default_directory())
     vocab_file, vocab_size = "", 0
     if run.benchmark == "bert":  # the tokenizer says which rows of the table are real
@@ -209,15 +99,18 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
         vocab_file = _VOCAB_FILE.value or run_vocab_file(run.config)
         vocab_size = vocab_size_of(vocab_file, bool(run.config.data.lowercase))
     trained = load_trained(run, [int(n) for n in _ICI_SHAPE.value], vocab_size)
+    batch = _BATCH_SIZE.value
     if verb == "detect":
         output = _OUTPUT.value or os.path.join(_WORKDIR.value, f"detections_step{run.step}")
-        paths = detect(trained, images, output)
+        paths = detect(trained, images, output, batch, _THRESHOLD.value)
         print(f"wrote {paths[0]}, {paths[1]} and {len(paths) - 2} pictures", file=sys.stderr)
         return
     if verb == "translate":
-        out = translate(trained, lines)
+        out = translate(
+            trained, lines, batch, _BEAM_SIZE.value, _LENGTH_PENALTY.value, _OUTPUT_FORMAT.value
+        )
     else:
-        out = fill_mask(trained, vocab_file, lines, verb)
+        out = fill_mask(trained, vocab_file, lines, verb, batch, _TOP_K.value, input_name)
     write_text(_OUTPUT.value, out)
 
 

@@ -40,8 +40,12 @@ def our_features(params, cfg: ResNetConfig, images: np.ndarray) -> dict[str, np.
     """Our ResNet's eval-mode feature maps (NHWC) with `params` (its nested dict)."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: ResNet(cfg, rngs=nnx.Rngs(0))))
     nnx.replace_by_pure_dict(state, jax.tree.map(np.asarray, params))
-    model = nnx.merge(graphdef, state)
-    return {k: np.asarray(v) for k, v in model(images, train=False).items()}
+
+    @jax.jit
+    def forward(state, images):
+        return nnx.merge(graphdef, state)(images, train=False)
+
+    return {k: np.asarray(v) for k, v in forward(state, images).items()}
 
 
 def torch_resnet(cfg: ResNetConfig):

@@ -15,20 +15,19 @@ from predict_helpers import run_exported, train_tiny
 from pycocotools import mask as mask_utils
 
 from input_pipeline.maskrcnn_data import make_example
-from launch.export import export
+from launch.export_formats import export
 from mlperf import detection_predict as dp
 from mlperf.maskrcnn.postprocess import image_boxes, paste_masks, yxyx_to_xywh
 from mlperf.maskrcnn.predict import MaskRcnnDetector
 from mlperf.trained_model import load_trained, read_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("predict_maskrcnn")]
+pytestmark = pytest.mark.slow
 
 EVAL_IMAGES = 8
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("maskrcnn")
+def train(root):
+    """The tiny Mask R-CNN on a small shapes set, trained a couple of steps."""
     train_tiny(
         root / "run",
         "maskrcnn.py:tiny",
@@ -40,25 +39,23 @@ def run(tmp_path_factory):
     return root / "run"
 
 
-@pytest.fixture(scope="module")
-def trained(run):
-    return load_trained(read_run(str(run)))
-
-
-@pytest.fixture(scope="module")
-def detector(trained):
-    return MaskRcnnDetector(trained)
-
-
-@pytest.fixture(scope="module")
-def evaluated(trained, detector, tmp_path_factory):
-    """The evaluator's detections and predict's, of the eval images."""
+def test_maskrcnn_predict_and_export(tmp_path):
+    """One test (one training): pytest-xdist would split separate tests of this module
+    over its workers, each training again."""
+    run = train(tmp_path)
+    trained = load_trained(read_run(str(run)))
+    detector = MaskRcnnDetector(trained)
+    # The evaluator's detections and predict's, of the eval images.
     task, sums = evaluator_sums(trained, EVAL_IMAGES)
-    images = write_eval_images(task, tmp_path_factory.mktemp("images"), EVAL_IMAGES)
-    return task, sums, images, detector.detect(images, EVAL_IMAGES)
+    images = write_eval_images(task, tmp_path / "images", EVAL_IMAGES)
+    evaluated = task, sums, images, detector.detect(images, EVAL_IMAGES)
+    check_detections_and_masks_equal_the_evaluators(evaluated)
+    check_coco_results_carry_rle_masks_and_pictures(evaluated, tmp_path / "results")
+    check_torch_export_backbone_and_heads(run, trained, tmp_path)
+    check_stablehlo_export_gives_the_models_detections(run, detector, evaluated, tmp_path)
 
 
-def test_detections_and_masks_equal_the_evaluators(evaluated):
+def check_detections_and_masks_equal_the_evaluators(evaluated):
     _, sums, images, found = evaluated
     flat = {
         k: np.asarray(v).reshape(-1, *np.shape(v)[2:]) for k, v in sums.items() if k != "examples"
@@ -78,9 +75,10 @@ def test_detections_and_masks_equal_the_evaluators(evaluated):
     assert total > 0  # something was detected to compare
 
 
-def test_coco_results_carry_rle_masks_and_pictures(evaluated, tmp_path):
+def check_coco_results_carry_rle_masks_and_pictures(evaluated, tmp_path):
     task, _, images, found = evaluated
     labels = dp.LabelMap(task.data.coco.label_to_category, task.data.coco.category_names)
+    tmp_path.mkdir()
     paths = dp.write_outputs(str(tmp_path), found[:2], labels, threshold=0.0)
     results = json.loads((tmp_path / "detections.json").read_text())
     assert len(results) == sum(len(d.scores) for d in found[:2]) > 0
@@ -92,11 +90,10 @@ def test_coco_results_carry_rle_masks_and_pictures(evaluated, tmp_path):
     assert len(paths) == 4 and all(p.endswith(".png") for p in paths[2:])
 
 
-def test_torch_export_backbone_and_heads(run, trained, tmp_path):
-    pytest.importorskip("torch")
+def check_torch_export_backbone_and_heads(run, trained, tmp_path):
     from safetensors.numpy import load_file
 
-    paths = export(str(run), "torch", output=str(tmp_path / "torch"))
+    paths = export(str(run), "torch", output=str(tmp_path / "torch"), trained=trained)
     params = trained.host_params()
     check_backbone_export(paths[0], params["backbone"], trained.task.backbone_config())
     heads = load_file(paths[1])
@@ -106,10 +103,11 @@ def test_torch_export_backbone_and_heads(run, trained, tmp_path):
     np.testing.assert_array_equal(heads["mask_head.deconv.weight"], deconv.transpose(2, 3, 0, 1))
 
 
-def test_stablehlo_export_gives_the_models_detections(run, detector, evaluated, tmp_path):
+def check_stablehlo_export_gives_the_models_detections(run, detector, evaluated, tmp_path):
     _, _, images, _ = evaluated
     folder = tmp_path / "stablehlo"
-    export(str(run), "stablehlo", output=str(folder), batch_size=EVAL_IMAGES)
+    trained = detector.runner.trained
+    export(str(run), "stablehlo", str(folder), batch_size=EVAL_IMAGES, trained=trained)
     batch = {
         "image": np.stack(
             [make_example(dp.record_of(im), detector.input, False, False)["image"] for im in images]

@@ -12,24 +12,24 @@ import numpy as np
 import pycocotools.coco
 import pytest
 from detector_helpers import check_backbone_export, evaluator_sums, write_eval_images
-from predict_helpers import run_cli, run_exported, train_tiny
+from predict_helpers import run_exported, train_tiny
 
 from input_pipeline.detection_augment import eval_view
-from launch.export import export
+from launch.export_formats import export
+from launch.predict_verbs import detect
 from mlperf.coco_eval import load_ground_truth
 from mlperf.detection_predict import record_of
 from mlperf.ssd.model import backbone_config
 from mlperf.ssd.predict import SsdDetector
 from mlperf.trained_model import load_trained, read_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("predict_ssd")]
+pytestmark = pytest.mark.slow
 
 EVAL_IMAGES = 8
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ssd")
+def train(root):
+    """The tiny SSD on a small shapes set, trained a couple of steps."""
     train_tiny(
         root / "run",
         "ssd.py:tiny",
@@ -42,25 +42,23 @@ def run(tmp_path_factory):
     return root / "run"
 
 
-@pytest.fixture(scope="module")
-def trained(run):
-    return load_trained(read_run(str(run)))
-
-
-@pytest.fixture(scope="module")
-def detector(trained):
-    return SsdDetector(trained)
-
-
-@pytest.fixture(scope="module")
-def evaluated(trained, detector, tmp_path_factory):
-    """The evaluator's detections and predict's, of the eval images."""
+def test_ssd_predict_and_export(tmp_path):
+    """One test (one training): pytest-xdist would split separate tests of this module
+    over its workers, each training again."""
+    run = train(tmp_path)
+    trained = load_trained(read_run(str(run)))
+    detector = SsdDetector(trained)
+    # The evaluator's detections and predict's, of the eval images.
     task, sums = evaluator_sums(trained, EVAL_IMAGES)
-    images = write_eval_images(task, tmp_path_factory.mktemp("images"), EVAL_IMAGES)
-    return task, sums, images, detector.detect(images, EVAL_IMAGES)
+    images = write_eval_images(task, tmp_path / "images", EVAL_IMAGES)
+    evaluated = task, sums, images, detector.detect(images, EVAL_IMAGES)
+    check_detections_equal_the_evaluators(evaluated)
+    check_detect_writes_coco_results_and_pictures(trained, evaluated, tmp_path)
+    check_torch_export_backbone_and_heads(run, trained, tmp_path)
+    check_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path)
 
 
-def test_detections_equal_the_evaluators(evaluated):
+def check_detections_equal_the_evaluators(evaluated):
     _, sums, images, found = evaluated
     dets = sums["detections"].reshape(-1, *sums["detections"].shape[-2:])
     ids = sums["image_ids"].reshape(-1)
@@ -76,12 +74,10 @@ def test_detections_equal_the_evaluators(evaluated):
     assert total > 0  # something was detected to compare
 
 
-def test_cli_writes_coco_results_and_pictures(run, evaluated, tmp_path):
+def check_detect_writes_coco_results_and_pictures(trained, evaluated, tmp_path):
     task, _, images, found = evaluated
     out = tmp_path / "out"
-    paths = [im.path for im in images[:2]]
-    proc = run_cli("launch.predict", "detect", f"--workdir={run}", f"--output={out}", *paths)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    paths = detect(trained, images[:2], str(out), batch_size=8)  # the CLI's `detect` verb
     results = json.loads((out / "detections.json").read_text())
     gt = load_ground_truth(str(out / "images.json"))
     loaded = gt.loadRes(results)  # pycocotools reads them as they are
@@ -91,15 +87,14 @@ def test_cli_writes_coco_results_and_pictures(run, evaluated, tmp_path):
     assert len(results) == sum(len(d.scores) for d in found[:2])
     first = [r for r in results if r["image_id"] == images[0].image_id]
     np.testing.assert_allclose([r["score"] for r in first], found[0].scores, atol=1e-5)
-    for im in images[:2]:
-        assert (out / f"{im.image_id}.png").stat().st_size > 0
+    assert paths[2:] == [str(out / f"{im.image_id}.png") for im in images[:2]]
+    assert all((out / f"{im.image_id}.png").stat().st_size > 0 for im in images[:2])
 
 
-def test_torch_export_backbone_and_heads(run, trained, tmp_path):
-    pytest.importorskip("torch")
+def check_torch_export_backbone_and_heads(run, trained, tmp_path):
     from safetensors.numpy import load_file
 
-    paths = export(str(run), "torch", output=str(tmp_path / "torch"))
+    paths = export(str(run), "torch", output=str(tmp_path / "torch"), trained=trained)
     params = trained.host_params()
     cfg = backbone_config(trained.task.model_config())
     check_backbone_export(paths[0], params["backbone"], cfg)
@@ -113,10 +108,10 @@ def test_torch_export_backbone_and_heads(run, trained, tmp_path):
     )
 
 
-def test_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path):
+def check_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path):
     _, _, images, _ = evaluated
     folder = tmp_path / "stablehlo"
-    export(str(run), "stablehlo", output=str(folder), batch_size=EVAL_IMAGES)
+    export(str(run), "stablehlo", str(folder), batch_size=EVAL_IMAGES, trained=trained)
     size = trained.task.anchors.image_size
     batch = {"image": np.stack([eval_view(record_of(im), size) for im in images])}
     expected = detector.runner(batch)  # the compiled program predict ran

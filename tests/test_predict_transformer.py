@@ -12,19 +12,18 @@ import numpy as np
 import pytest
 from predict_helpers import assert_one_line_error, run_cli, run_exported, train_tiny
 
-from launch.export import export
+from launch.export_formats import export
 from mlperf.evaluate import Evaluator
 from mlperf.trained_model import load_trained, read_run
 from mlperf.transformer.predict import Translator, encode, run_vocabulary, until_eos
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("predict_transformer")]
+pytestmark = pytest.mark.slow
 
 EVAL_PAIRS, EVAL_BATCH = 16, 16
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("transformer")
+def train(root):
+    """The tiny Transformer trained a couple of steps in root/run."""
     train_tiny(
         root / "run",
         "transformer.py:tiny",
@@ -37,14 +36,16 @@ def run(tmp_path_factory):
     return root / "run"
 
 
-@pytest.fixture(scope="module")
-def trained(run):
-    return load_trained(read_run(str(run)))
-
-
-@pytest.fixture(scope="module")
-def translator(trained):
-    return Translator(trained, run_vocabulary(trained.config))
+def test_transformer_predict_and_export(tmp_path):
+    """One test (one training): pytest-xdist would split separate tests of this module
+    over its workers, each training again."""
+    run = train(tmp_path)
+    trained = load_trained(read_run(str(run)))
+    translator = Translator(trained, run_vocabulary(trained.config))
+    check_translations_equal_the_evaluators_token_for_token(trained, translator)
+    check_torch_export_loads_in_the_peer_model_and_gives_our_logits(run, trained, tmp_path)
+    check_stablehlo_export_runs_without_the_project(run, translator, tmp_path)
+    check_cli_translates_stdin_and_bad_inputs_are_one_line(run, translator, tmp_path)
 
 
 def _source_lines(config) -> list[str]:
@@ -55,7 +56,7 @@ def _source_lines(config) -> list[str]:
         return f.read().splitlines()
 
 
-def test_translations_equal_the_evaluators_token_for_token(trained, translator):
+def check_translations_equal_the_evaluators_token_for_token(trained, translator):
     task = trained.task.with_data(trained.task.prepare(0, 1))
     partitioner = trained.partitioner
     layout = partitioner.data_layout(EVAL_BATCH)
@@ -82,12 +83,13 @@ def test_translations_equal_the_evaluators_token_for_token(trained, translator):
     assert all(t.tokens[-1] == 1 for t in got)  # every decode ends with EOS
 
 
-def test_torch_export_loads_in_the_peer_model_and_gives_our_logits(run, trained, tmp_path):
-    torch = pytest.importorskip("torch")
+def check_torch_export_loads_in_the_peer_model_and_gives_our_logits(run, trained, tmp_path):
+    import torch
+
     from launch.bench_peers import TransformerSize, synthetic_translation_batch
     from launch.torch_transformer import TorchTransformer
 
-    paths = export(str(run), "torch", output=str(tmp_path / "torch"))
+    paths = export(str(run), "torch", output=str(tmp_path / "torch"))  # restores it itself
     config = json.loads((tmp_path / "torch" / "config.json").read_text())
     peer = TorchTransformer(**config).eval()
     state = torch.load(paths[0])
@@ -104,7 +106,7 @@ def test_torch_export_loads_in_the_peer_model_and_gives_our_logits(run, trained,
     np.testing.assert_allclose(ours[real], theirs.numpy()[real], atol=1e-4, rtol=1e-4)
 
 
-def test_stablehlo_export_runs_without_the_project(run, translator, tmp_path):
+def check_stablehlo_export_runs_without_the_project(run, translator, tmp_path):
     lines = _source_lines(translator.runner.trained.config)[:8]
     expected = translator.translate(lines, 8)
     encoded = [encode(translator.vocab, line, translator.max_length) for line in lines]
@@ -113,7 +115,8 @@ def test_stablehlo_export_runs_without_the_project(run, translator, tmp_path):
     for i, ids in enumerate(encoded):
         inputs[i, : len(ids)] = ids
     folder = tmp_path / "stablehlo"
-    export(str(run), "stablehlo", output=str(folder), batch_size=8, input_length=width)
+    trained = translator.runner.trained
+    export(str(run), "stablehlo", str(folder), batch_size=8, input_length=width, trained=trained)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["inputs"]["inputs"] == {"shape": [8, width], "dtype": "int32"}
     assert (folder / "vocab.model").stat().st_size > 0
@@ -123,7 +126,7 @@ def test_stablehlo_export_runs_without_the_project(run, translator, tmp_path):
         assert until_eos(row) == t.tokens
 
 
-def test_cli_translates_stdin_and_bad_inputs_are_one_line(run, translator, tmp_path):
+def check_cli_translates_stdin_and_bad_inputs_are_one_line(run, translator, tmp_path):
     lines = _source_lines(translator.runner.trained.config)[:3]
     proc = run_cli("launch.predict", "translate", f"--workdir={run}", stdin="\n".join(lines))
     assert proc.returncode == 0, proc.stderr[-3000:]
