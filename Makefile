@@ -44,7 +44,7 @@ test: $(TEST_STAMP)
 SYSTEM_TESTS := tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py \
 	tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_checkpoint_import.py \
 	tests/test_backbone_finetune.py tests/test_compilation_cache.py tests/test_bench_startup.py \
-	tests/test_process_sync.py tests/test_bucket_runs.py
+	tests/test_process_sync.py tests/test_bucket_runs.py tests/test_supervise_runs.py
 AOT_SYSTEM_TESTS := tests/test_aot_multipod.py
 # Two lanes side by side: the system tests in one pytest process, and the full-size TPU
 # compiles one at a time, each in a pytest process of its own, so a compile's host memory
