@@ -102,10 +102,46 @@ def _check_data(path: str, offset: int, data: bytes, footer: bytes, length: int)
         )
 
 
+class _ObjectScan:
+    """An object read from start to end (seek moves forward within it) in ranged reads of
+    SCAN_BLOCK_BYTES: one request per block, however small the records."""
+
+    def __init__(self, path: str):
+        self._path = path
+        self._size = storage.size(path)
+        self._pos = self._start = 0
+        self._block = b""
+
+    def __enter__(self) -> _ObjectScan:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._block = b""
+
+    def seek(self, pos: int) -> None:
+        self._pos = pos
+
+    def read(self, n: int) -> bytes:
+        parts = []
+        while n > 0 and self._pos < self._size:
+            at = self._pos - self._start
+            if not 0 <= at < len(self._block):
+                length = min(SCAN_BLOCK_BYTES, self._size - self._pos)
+                self._block = storage.read_range(self._path, self._pos, length)
+                self._start, at = self._pos, 0
+                if not self._block:  # the object ended early: the caller sees a short read
+                    break
+            part = self._block[at : at + n]
+            parts.append(part)
+            self._pos += len(part)
+            n -= len(part)
+        return b"".join(parts)
+
+
 def _open_for_scan(path: str, buffering: int = -1):
-    """A local file as before; an object read ahead SCAN_BLOCK_BYTES at a time."""
+    """A local file as before; an object in SCAN_BLOCK_BYTES ranged reads."""
     if storage.is_url(path):
-        return storage.open_file(path, "rb", block_size=SCAN_BLOCK_BYTES)
+        return _ObjectScan(path)
     return open(path, "rb", buffering=buffering)  # noqa: SIM115 - the caller closes it
 
 

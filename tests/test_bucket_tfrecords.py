@@ -121,3 +121,22 @@ def test_wmt_tfrecords_in_a_bucket_give_the_local_rows_and_eval(gcs, tmp_path):
             _assert_same_batches(remote.eval_batches(8, h, hosts), local.eval_batches(8, h, hosts))
     assert remote.references == local.references and len(local.references) == 24
     assert set(packing.PACKED_FIELDS) <= set(remote.train_rows[0])
+
+
+def test_a_corrupt_or_truncated_object_names_its_url_and_the_offset(gcs):
+    local = os.path.join(BERT_FIXTURE, "part-00002-of-00004")
+    blob = bytearray(storage.read_bytes(local))
+    second = [offset for offset, _ in tfrecord.iter_records(local)][1]
+    blob[second + 12 + 5] ^= 0x01  # one bit of the second record's data
+    url = f"{BUCKET}/bad/part-00002-of-00004"
+    storage.write_bytes(url, bytes(blob))
+    source = tfrecord.TFRecordSource([url], lambda data, where: data)
+    source[0]  # noqa: B018 - the first record is intact
+    with pytest.raises(
+        tfrecord.TFRecordError,
+        match=f"^{url}: bad data checksum .* offset {second} \\(corrupt file\\)$",
+    ):
+        source[1]  # noqa: B018
+    storage.write_bytes(url, bytes(blob[:-3]))
+    with pytest.raises(tfrecord.TFRecordError, match=f"^{url}: record at byte offset .*truncated"):
+        tfrecord.index_file(url)
