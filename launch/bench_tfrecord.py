@@ -1,6 +1,8 @@
-"""Reading the reference's BERT TFRecords in place against converting them to array_record.
+"""Reading the reference's BERT TFRecords in place against converting them to array_record,
+and in place from a bucket against a local file.
 
     python -m launch.bench_tfrecord [--records 20000] [--reads 5000] [--dir /tmp/x]
+    python -m launch.bench_tfrecord --fake_gcs      # or --url gs://BUCKET/FOLDER
 
 Writes one shard of reference-shaped records (seq 512, 76 predictions, random ids of a
 30,522-word vocabulary, random lengths) and measures, in one run:
@@ -11,24 +13,39 @@ Writes one shard of reference-shaped records (seq 512, 76 predictions, random id
 
 Random reads follow a random permutation, as the training order does; "decode" is the
 pipeline's own Example parser in both cases. Prints per-record costs and the ratios.
+
+With --url (a folder in a bucket) or --fake_gcs (a fake-gcs-server on 127.0.0.1 started
+for the run, the `test` extra's; bucket `bench`), the shard is uploaded there and read in
+place from the object and from the local file alike (the table in docs/results/storage.md):
+indexing (start-up), random reads + decode in one thread and in READ_THREADS threads
+(grain's reader threads), and reads in order (an eval set's) + decode.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import shutil
 import tempfile
 import time
 
 import numpy as np
 from absl import app, flags
 
-from input_pipeline import bert_tfrecord, tf_example, tfrecord
+from input_pipeline import bert_tfrecord, storage, tf_example, tfrecord
 
 _RECORDS = flags.DEFINE_integer("records", 20000, "Records in the generated shard.")
 _READS = flags.DEFINE_integer("reads", 5000, "Random reads timed per reader.")
 _DIR = flags.DEFINE_string("dir", "", "Folder for the files (default: a temporary one).")
+_URL = flags.DEFINE_string(
+    "url", "", "A folder in a bucket (gs://BUCKET/FOLDER): read the shard from there too."
+)
+_FAKE_GCS = flags.DEFINE_bool(
+    "fake_gcs", False, "Read from a fake-gcs-server on 127.0.0.1 started for the run."
+)
 
 SEQ, PREDS, VOCAB = 512, 76, 30522
+READ_THREADS = 16  # grain's default reader threads per process
 
 
 def reference_like_example(rng: np.random.Generator) -> bytes:
@@ -84,6 +101,71 @@ def _read_rate(read, n: int, reads: int, seed: int) -> float:
     return reads / (time.perf_counter() - start)
 
 
+def _threaded_rate(read, n: int, reads: int, seed: int) -> float:
+    order = np.random.default_rng(seed).permutation(n)[:reads]
+    with concurrent.futures.ThreadPoolExecutor(READ_THREADS) as pool:
+        read(int(order[0]))
+        start = time.perf_counter()
+        for _ in pool.map(read, (int(i) for i in order)):
+            pass
+        return reads / (time.perf_counter() - start)
+
+
+def _in_order_rate(read, reads: int) -> float:
+    start = time.perf_counter()
+    for i in range(reads):
+        read(i)
+    return reads / (time.perf_counter() - start)
+
+
+def source_rates(path: str, parse, n: int, reads: int) -> dict[str, float]:
+    """Start-up (indexing, no cache) and read + decode rates of one shard."""
+    start = time.perf_counter()
+    source = tfrecord.TFRecordSource([path], parse)
+    index_s = time.perf_counter() - start
+    return {
+        "index_s": index_s,
+        "in_order": _in_order_rate(source.__getitem__, reads),
+        "random": _read_rate(source.__getitem__, n, reads, seed=1),
+        "random_threads": _threaded_rate(source.__getitem__, n, reads, seed=2),
+    }
+
+
+def bucket_table(shard: str, url: str, parse, n: int, reads: int) -> str:
+    """The shard read from the local file and from its copy at url, as a markdown table."""
+    remote = storage.join(url, storage.basename(shard))
+    start = time.perf_counter()
+    storage.upload(shard, remote)
+    upload_s = time.perf_counter() - start
+    rows = [
+        "| source | index (start-up) | in order + decode | random + decode | "
+        f"random + decode, {READ_THREADS} threads |",
+        "|---|---|---|---|---|",
+    ]
+    for name, path in (("local file", shard), (remote, remote)):
+        r = source_rates(path, parse, n, reads)
+        rows.append(
+            f"| {name} | {r['index_s']:.2f} s ({r['index_s'] / n * 1e6:.1f} us/record) | "
+            f"{r['in_order']:,.0f} records/s | {r['random']:,.0f} records/s | "
+            f"{r['random_threads']:,.0f} records/s |"
+        )
+    size = storage.size(remote)
+    rows.append(f"\nupload of the {size / 2**20:.1f} MiB shard: {upload_s:.2f} s")
+    return "\n".join(rows)
+
+
+def _fake_gcs():
+    """A fake-gcs-server on 127.0.0.1 with an empty bucket `bench` (objects in a new
+    temporary folder), this process pointed at it."""
+    from launch.gcs_emulator import GcsServer
+
+    server = GcsServer(os.path.join(tempfile.mkdtemp(prefix="bench_gcs_"), "objects"))
+    server.start()
+    os.environ.update(server.env())
+    server.create_bucket("bench")
+    return server
+
+
 def main(argv):
     del argv
     from array_record.python import array_record_data_source, array_record_module
@@ -97,6 +179,16 @@ def main(argv):
     n = _RECORDS.value
     parse = bert_tfrecord.BertRecordParser(SEQ, PREDS, VOCAB)
     print(f"shard: {n} records, {size / 2**20:.1f} MiB ({size / n:.0f} B/record)")
+    if _URL.value or _FAKE_GCS.value:
+        server = _fake_gcs() if _FAKE_GCS.value else None
+        try:
+            url = _URL.value or "gs://bench/tfrecord"
+            print(bucket_table(shard, url, parse, n, _READS.value))
+        finally:
+            if server is not None:
+                server.stop()
+                shutil.rmtree(os.path.dirname(server.root), ignore_errors=True)
+        return
 
     start = time.perf_counter()
     source = tfrecord.TFRecordSource([shard], parse)
