@@ -103,6 +103,8 @@ def check_top1_is_the_evaluators_argmax_and_probabilities_the_models(trained, fi
     )
     assert metrics["mlm_accuracy"] == 1.0 and metrics["eval_examples"] == len(LINES)
 
+    # The 2 rows past the 30-token vocabulary are padding: never a candidate.
+    assert all(c.id < 30 for p in predictions for m in p.masks for c in m)
     # Probabilities: the softmax of the model's logits, top-k in order; P(is next).
     probs = jax.nn.softmax(mlm, axis=-1)
     for i, p in enumerate(predictions):
