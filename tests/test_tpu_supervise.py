@@ -261,3 +261,28 @@ def test_the_backoff_doubles_up_to_its_cap_and_resets_after_a_long_attempt():
 )
 def test_the_work_directory_is_read_from_the_command(words):
     assert supervisor.workdir_of(words) == "gs://b/r"
+
+
+def test_a_resume_folds_the_supervisors_restarts_into_the_ledger_once(tmp_path):
+    from mlperf.goodput import Goodput
+
+    workdir = str(tmp_path)
+    Goodput(train_s=100.0, train_steps=10, last_step=10, attempts=2).write(workdir)
+    record = {
+        "attempt": 4,  # the third attempt died before it wrote the ledger
+        "restarts": [
+            {"after_attempt": 1, "seconds": 30.0, "no_machines_s": 0.0},
+            {"after_attempt": 2, "seconds": 500.0, "no_machines_s": 420.0},
+            {"after_attempt": 3, "seconds": 5.0, "no_machines_s": 0.0},
+        ],
+    }
+    (tmp_path / "supervisor.json").write_text(json.dumps(record))
+    ledger = Goodput.read(workdir)
+    ledger.resumed_at(10)
+    assert ledger.no_machines_s == pytest.approx(420.0)
+    assert ledger.restart_lost_s == pytest.approx(30.0 + 80.0 + 5.0)
+    assert ledger.as_dict()["attempts"] == 4 and ledger.as_dict()["no_machines_s"] == 420.0
+    ledger.write(workdir)
+    again = Goodput.read(workdir)  # the same restarts are not counted twice
+    assert again.no_machines_s == pytest.approx(420.0)
+    assert again.restart_lost_s == pytest.approx(115.0)
