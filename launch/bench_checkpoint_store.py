@@ -3,7 +3,8 @@
     python -m launch.bench_checkpoint_store --config configs/bert.py:base \\
         --local /tmp/ckpt-bench --bucket gs://my-bucket/ckpt-bench [--repeats 3]
 
-Builds the config's train state (no data prepared), then saves it `--repeats` times
+Builds the config's train state (no data prepared), saves and restores it once untimed
+(compiling the conversions to stored shapes), then saves it `--repeats` times
 through the run's own Checkpointer (asynchronous orbax save, the manifest) into each
 destination, timing `save` + `wait` (committed), then restores the newest one into the
 same shardings. Prints a table with the bucket / local ratio. Point a bucket URL at a
@@ -12,6 +13,7 @@ GCS-protocol server with STORAGE_EMULATOR_HOST (docs/storage.md).
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -48,6 +50,8 @@ def measure(trainer, state, directory: str, repeats: int) -> dict[str, float]:
         restored = ckpt.restore_step(i, trainer.layout.abstract_train_state)
         jax.block_until_ready(restored.state)
         restores.append(time.perf_counter() - start)
+        del restored  # one restored copy at a time beside the saved state
+        gc.collect()
     ckpt.close()
     nbytes = sum(storage.file_sizes(storage.join(directory, str(repeats))).values())
     storage.rmtree(directory)
@@ -71,6 +75,8 @@ def main(argv: list[str]) -> None:
     configure_checkpointing()
     trainer = build_trainer(_CONFIG.value, prepare_data=False)
     state = trainer.init_state()
+    # A first save and restore, untimed: it compiles the conversions to stored shapes.
+    measure(trainer, state, storage.resolve(_LOCAL.value) + "-warmup", 1)
     rows = {}
     for name, where in (("local", storage.resolve(_LOCAL.value)), ("bucket", _BUCKET.value)):
         rows[name] = measure(trainer, state, where, _REPEATS.value)
