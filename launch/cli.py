@@ -45,7 +45,9 @@ def train_command(config: str, workdir: str, data_dir: str = "", *extra: str) ->
         *extra,
     ]
     if data_dir:
-        cmd.append(f"--config.data.data_dir={os.path.abspath(data_dir)}")
+        from input_pipeline import storage
+
+        cmd.append(f"--config.data.data_dir={storage.resolve(data_dir)}")  # or a gs:// URL
     return cmd
 
 

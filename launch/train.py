@@ -155,7 +155,11 @@ def _handle(e: Exception) -> None:
     if isinstance(e, WorkdirHeldError):  # nothing written: the work directory is not ours
         print(f"multipod: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_WORKDIR_HELD)
-    if isinstance(e, (ConfigError, FileNotFoundError, DistributedSetupError)):
+    from input_pipeline.storage import StorageError
+
+    # An object store that refuses or cannot be reached is one line too (it names the
+    # store, the operation and the path), not a bug.
+    if isinstance(e, (ConfigError, FileNotFoundError, DistributedSetupError, StorageError)):
         _fail(str(e), _WORKDIR.value, keep_traceback=False)  # bad input: one clear line
     # A peer's death surfaces as a failed collective (gloo raises ValueError).
     lost = PeerLostError.from_collective_error(
