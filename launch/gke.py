@@ -37,6 +37,8 @@ from typing import Any
 
 from absl import app, flags
 
+from launch import launcher_flags as shared
+from launch.launcher_flags import value_or
 from launch.supervisor import workdir_of
 
 COMMANDS = ("jobset", "apply")
@@ -234,14 +236,10 @@ def _inline(value: Any) -> str:
     return _scalar(value)
 
 
-_NAME = flags.DEFINE_string("name", None, "The JobSet's name (a DNS label).")
 _TOPOLOGY = flags.DEFINE_string("topology", None, "One slice, e.g. v5e:16x16 or v4:8x8x8.")
-_NUM_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices (one replicatedJob each).")
 _IMAGE = flags.DEFINE_string("image", None, "Container image with the project installed.")
-_MAX_RESTARTS = flags.DEFINE_integer("max_restarts", 10, "The JobSet's failurePolicy.maxRestarts.")
 _NAMESPACE = flags.DEFINE_string("namespace", None, "Kubernetes namespace (default: kubectl's).")
 _OUTPUT = flags.DEFINE_string("output", None, "jobset: write the manifest here (default: print).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "apply: print the manifest; run nothing.")
 
 
 def main(argv: list[str]) -> None:
@@ -253,19 +251,19 @@ def main(argv: list[str]) -> None:
         if not _TOPOLOGY.value:
             raise ValueError("--topology is required, e.g. v5e:16x16 or v4:8x8x8")
         manifest = jobset(
-            _NAME.value,
+            shared.NAME.value,
             _TOPOLOGY.value,
-            _NUM_SLICES.value,
+            shared.NUM_SLICES.value,
             _IMAGE.value,
             words,
-            _MAX_RESTARTS.value,
+            value_or(shared.MAX_RESTARTS, 10),
             _NAMESPACE.value,
         )
     except ValueError as e:
         print(f"multipod: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     text = to_yaml(manifest) + "\n"
-    if argv[1] == "jobset" or _DRY_RUN.value:
+    if argv[1] == "jobset" or shared.DRY_RUN.value:
         if argv[1] == "jobset" and _OUTPUT.value:
             with open(_OUTPUT.value, "w") as f:
                 f.write(text)

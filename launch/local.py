@@ -35,6 +35,7 @@ import time
 
 from absl import app, flags
 
+from launch import launcher_flags as shared
 from launch.cli import (
     EXIT_BAD_INPUT,
     EXIT_CRASH,
@@ -46,6 +47,7 @@ from launch.cli import (
     EXIT_WORKDIR_HELD,
     relax_cpu_collective_timeouts,
 )
+from launch.launcher_flags import value_or
 from launch.supervisor import Attempt, Backoff, Supervisor, workdir_of
 
 # Exit codes with which a process ends the run in an orderly way: the others are left to
@@ -68,15 +70,6 @@ _STALL_S = flags.DEFINE_float(
 )
 _SUPERVISE = flags.DEFINE_bool(
     "supervise", False, "Start the whole job again after a crash or preemption (resumes)."
-)
-_MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 3, "--supervise: restarts before giving up.", lower_bound=0
-)
-_BACKOFF_S = flags.DEFINE_float(
-    "backoff_s", 1.0, "--supervise: wait before the first restart (doubles).", lower_bound=0.0
-)
-_MAX_BACKOFF_S = flags.DEFINE_float(
-    "max_backoff_s", 60.0, "--supervise: longest wait between restarts.", lower_bound=0.0
 )
 
 
@@ -284,8 +277,8 @@ def main(argv: list[str]) -> None:
         command[0] = sys.executable  # the launcher's own interpreter (the project's venv)
     args = (command, _PROCESSES.value, _DEVICES.value, _GRACE_S.value, _STALL_S.value)
     if _SUPERVISE.value:
-        backoff = Backoff(_BACKOFF_S.value, _MAX_BACKOFF_S.value)
-        sys.exit(supervise(*args, max_restarts=_MAX_RESTARTS.value, backoff=backoff))
+        backoff = Backoff(value_or(shared.BACKOFF_S, 1.0), value_or(shared.MAX_BACKOFF_S, 60.0))
+        sys.exit(supervise(*args, max_restarts=value_or(shared.MAX_RESTARTS, 3), backoff=backoff))
     sys.exit(launch(*args))
 
 

@@ -42,6 +42,8 @@ import sys
 
 from absl import app, flags
 
+from launch import launcher_flags as shared
+from launch.launcher_flags import value_or
 from launch.supervisor import Backoff, workdir_of
 from launch.tpu_supervise import EXIT_MARKER, TpuPlan, TpuSupervisor
 
@@ -415,7 +417,6 @@ def execute(commands: list[list[str]], dry_run: bool) -> None:
             raise CommandError(cmd, returncode)
 
 
-_NAME = flags.DEFINE_string("name", None, "TPU VM (or queued resource) name.")
 _ZONE = flags.DEFINE_string("zone", None, "Zone, e.g. us-central2-b.")
 _PROJECT = flags.DEFINE_string("project", None, "Google Cloud project (default: gcloud's).")
 _TYPE = flags.DEFINE_string(
@@ -427,9 +428,6 @@ _RUNTIME = flags.DEFINE_string(
     "runtime_version", None, "TPU software version (default: per generation, see the docs)."
 )
 _SPOT = flags.DEFINE_bool("spot", False, "Create Spot (preemptible) capacity.")
-_NUM_SLICES = flags.DEFINE_integer(
-    "num_slices", 1, "Slices; > 1 uses a queued resource with nodes NAME-0 .. NAME-{K-1}."
-)
 _ENV = flags.DEFINE_multi_string("env", [], "KEY=VALUE exported on the workers (run).")
 _LOGS_DIR = flags.DEFINE_string("logs_dir", None, "Copy each worker's run log here (run).")
 _WORKER = flags.DEFINE_string("worker", None, "Worker index or `all` (ssh; gcloud's default 0).")
@@ -439,16 +437,6 @@ _PYTHON_VERSION = flags.DEFINE_string(
     "python_version",
     PYTHON_VERSION,
     "Python that setup's venv gets through uv; empty: install into --python itself.",
-)
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the gcloud commands; run nothing.")
-_MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 20, "supervise: restarts before giving up.", lower_bound=0
-)
-_BACKOFF_S = flags.DEFINE_float(
-    "backoff_s", 60.0, "supervise: wait before the first restart (doubles).", lower_bound=0.0
-)
-_MAX_BACKOFF_S = flags.DEFINE_float(
-    "max_backoff_s", 1800.0, "supervise: longest wait between restarts.", lower_bound=0.0
 )
 _POLL_S = flags.DEFINE_float(
     "poll_s",
@@ -525,24 +513,24 @@ def _supervise(target: Target, words: list[str]) -> None:
         _PYTHON.value,
         _PYTHON_VERSION.value,
     )
-    if _DRY_RUN.value:
+    if shared.DRY_RUN.value:
         execute([*plan.create, plan.describe, *plan.setup, plan.run], dry_run=True)
         return
-    backoff = Backoff(_BACKOFF_S.value, _MAX_BACKOFF_S.value)
-    code = TpuSupervisor(plan, _MAX_RESTARTS.value, backoff, _POLL_S.value).run()
+    backoff = Backoff(value_or(shared.BACKOFF_S, 60.0), value_or(shared.MAX_BACKOFF_S, 1800.0))
+    code = TpuSupervisor(plan, value_or(shared.MAX_RESTARTS, 20), backoff, _POLL_S.value).run()
     if code:
         raise SystemExit(code)
 
 
 def _dispatch(command: str, words: list[str]) -> None:
     """Build and execute one command's gcloud commands."""
-    target = Target(_NAME.value, _ZONE.value, _PROJECT.value, _NUM_SLICES.value)
+    target = Target(shared.NAME.value, _ZONE.value, _PROJECT.value, shared.NUM_SLICES.value)
     if command == "supervise":
         _supervise(target, words)
         return
     if words and command not in ("run", "ssh"):
         raise ValueError(f"{command} takes no arguments after the flags, got {words}")
-    dry = _DRY_RUN.value
+    dry = shared.DRY_RUN.value
     if command == "create":
         execute(create_commands(target, _need_type(command), _RUNTIME.value, _SPOT.value), dry)
     elif command == "setup":
