@@ -13,6 +13,9 @@ import numpy as np
 from conftest import REPO, cpu_env
 
 STEPS = 2  # a checkpoint trained a couple of steps: what is restored is a trained state
+# Every platform jax.export lowers for (BERT's export in the tests: lowering for three
+# costs each model's program again); the fresh process runs the CPU one.
+PLATFORMS = ("cpu", "cuda", "tpu")
 
 
 def train_tiny(workdir, config: str, *overrides: str) -> None:
@@ -73,9 +76,11 @@ _RELOAD = textwrap.dedent(
 )
 
 
-def run_exported(folder, inputs: dict[str, np.ndarray], tmp_path) -> dict[str, np.ndarray]:
+def run_exported(
+    folder, inputs: dict[str, np.ndarray], tmp_path, platforms=("cpu",)
+) -> dict[str, np.ndarray]:
     """The exported program's outputs on `inputs`, computed in a fresh process that
-    imports nothing of the project (asserted)."""
+    imports nothing of the project (asserted); it was lowered for `platforms`."""
     inputs_path, out_path = tmp_path / "inputs.npz", tmp_path / "outputs.npz"
     np.savez(inputs_path, **inputs)
     proc = subprocess.run(
@@ -88,4 +93,6 @@ def run_exported(folder, inputs: dict[str, np.ndarray], tmp_path) -> dict[str, n
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["platforms"] == list(platforms)
     return dict(np.load(out_path))

@@ -9,7 +9,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from predict_helpers import run_cli, run_exported, train_tiny
+from predict_helpers import PLATFORMS, run_cli, run_exported, train_tiny
 
 from input_pipeline.tokenizer import SPECIAL_TOKENS
 from launch.export_formats import export
@@ -124,10 +124,17 @@ def check_stablehlo_export_gives_the_models_logits_without_the_project(
     run, trained, filler, tmp_path
 ):
     folder = tmp_path / "stablehlo"
-    export(str(run), "stablehlo", output=str(folder), batch_size=8, trained=trained)
+    export(
+        str(run),
+        "stablehlo",
+        output=str(folder),
+        batch_size=8,
+        trained=trained,
+        platforms=PLATFORMS,
+    )
     assert (folder / "vocab.txt").read_text() == (run.parent / "vocab.txt").read_text()
     batch, mlm, nsp = _forward(trained, [filler.featurize(line) for line in LINES])
-    out = run_exported(folder, batch, tmp_path)
+    out = run_exported(folder, batch, tmp_path, PLATFORMS)
     np.testing.assert_allclose(out["mlm_logits"], mlm, atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(out["nsp_logits"], nsp, atol=1e-5, rtol=1e-5)
 

@@ -107,7 +107,13 @@ def check_stablehlo_export_gives_the_models_detections(run, detector, evaluated,
     _, _, images, _ = evaluated
     folder = tmp_path / "stablehlo"
     trained = detector.runner.trained
-    export(str(run), "stablehlo", str(folder), batch_size=EVAL_IMAGES, trained=trained)
+    export(
+        str(run),
+        "stablehlo",
+        str(folder),
+        batch_size=EVAL_IMAGES,
+        trained=trained,
+    )
     batch = {
         "image": np.stack(
             [make_example(dp.record_of(im), detector.input, False, False)["image"] for im in images]

@@ -111,7 +111,13 @@ def check_torch_export_backbone_and_heads(run, trained, tmp_path):
 def check_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path):
     _, _, images, _ = evaluated
     folder = tmp_path / "stablehlo"
-    export(str(run), "stablehlo", str(folder), batch_size=EVAL_IMAGES, trained=trained)
+    export(
+        str(run),
+        "stablehlo",
+        str(folder),
+        batch_size=EVAL_IMAGES,
+        trained=trained,
+    )
     size = trained.task.anchors.image_size
     batch = {"image": np.stack([eval_view(record_of(im), size) for im in images])}
     expected = detector.runner(batch)  # the compiled program predict ran

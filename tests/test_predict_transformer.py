@@ -116,7 +116,14 @@ def check_stablehlo_export_runs_without_the_project(run, translator, tmp_path):
         inputs[i, : len(ids)] = ids
     folder = tmp_path / "stablehlo"
     trained = translator.runner.trained
-    export(str(run), "stablehlo", str(folder), batch_size=8, input_length=width, trained=trained)
+    export(
+        str(run),
+        "stablehlo",
+        str(folder),
+        batch_size=8,
+        input_length=width,
+        trained=trained,
+    )
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["inputs"]["inputs"] == {"shape": [8, width], "dtype": "int32"}
     assert (folder / "vocab.model").stat().st_size > 0

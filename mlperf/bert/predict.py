@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import jax
@@ -32,22 +33,29 @@ class BadSentenceError(ValueError):
 def run_vocab_file(config: ConfigDict) -> str:
     """The WordPiece vocabulary the run trained with: data.vocab_file, or the one trained
     on its corpus, found in data.cache_dir by the corpus files' key as training found it
-    (never trained here: a new one would not match the model)."""
+    (never trained or written here: a new one would not match the model)."""
     from input_pipeline import bert_data
 
     data = config.data
     if data.vocab_file:
         return bert_data._resolve(data.vocab_file, data.data_dir)
     cache_dir = os.path.abspath(os.path.expanduser(data.cache_dir or bert_data.DEFAULT_CACHE_DIR))
-    # The same cache key training used (bert_data._vocab_file), read without training.
+    missing = FileNotFoundError(
+        f"the run's trained WordPiece vocabulary is not in data.cache_dir {cache_dir}; "
+        "pass --vocab_file (the vocab.txt the run trained with)"
+    )
+    # The embedded corpus is written by training: without it there is no vocabulary (and
+    # bert_data._train_files would write it).
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stdlib = os.path.join(cache_dir, "corpus", f"stdlib_docstrings_py{version}.txt")
+    if data.corpus == "stdlib" and not os.path.isfile(stdlib):
+        raise missing
+    # The same cache key training used (bert_data._vocab_file).
     train_files = bert_data._train_files(data, cache_dir)
     key = bert_data._files_key(train_files, vocab_size=data.vocab_size, lowercase=data.lowercase)
     path = os.path.join(cache_dir, "vocab", f"wordpiece_{key}.txt")
     if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f"the run's trained WordPiece vocabulary {path} is not in data.cache_dir "
-            f"{cache_dir}; pass --vocab_file (the vocab.txt the run trained with)"
-        )
+        raise missing
     return path
 
 
