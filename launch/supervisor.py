@@ -177,11 +177,30 @@ class Supervisor:
     def say(self, line: str) -> None:
         print(f"{self.prefix}: {line}", file=sys.stderr, flush=True)
 
+    def held_by_another_run(self) -> str | None:
+        """The refusal line when a live run already holds the work directory (the same
+        job started twice); None when it is free or cannot be read."""
+        if not self.record.workdir:
+            return None
+        from input_pipeline import storage
+        from mlperf import lease
+
+        try:
+            workdir = storage.resolve(self.record.workdir)
+            holder = lease.held_by(workdir)
+        except OSError:
+            return None
+        return lease.held_message(workdir, holder) if holder else None
+
     def run(
         self,
         run_attempt: Callable[[int], Attempt],
         recover: Callable[[Attempt | None, float], float],
     ) -> int:
+        refusal = self.held_by_another_run()
+        if refusal:  # before anything is started or written there
+            print(f"multipod: error: {refusal}", file=sys.stderr, flush=True)
+            return EXIT_WORKDIR_HELD
         previous: Attempt | None = None
         ended = self.clock()
         lost_before = no_machines_before = 0.0

@@ -526,6 +526,11 @@ def _dispatch(command: str, words: list[str]) -> None:
     """Build and execute one command's gcloud commands."""
     target = Target(shared.NAME.value, _ZONE.value, _PROJECT.value, shared.NUM_SLICES.value)
     if command == "supervise":
+        if _LOGS_DIR.value:
+            raise ValueError(
+                "supervise copies no logs back: every host's log is in WORKDIR/logs/ "
+                "(docs/multi-host.md); drop --logs_dir"
+            )
         _supervise(target, words)
         return
     if words and command not in ("run", "ssh"):

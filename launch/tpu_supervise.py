@@ -32,6 +32,7 @@ READY = ("READY", "ACTIVE")
 LOST = ("PREEMPTED", "TERMINATED", "FAILED", "SUSPENDED", "SUSPENDING")
 MISSING = "MISSING"
 STATE_FRESH_S = 60.0  # a state read this recently is not read again
+MAX_UNKNOWN = 60  # state reads that fail in a row before giving up (30 min at --poll_s=30)
 
 
 @dataclasses.dataclass
@@ -114,7 +115,7 @@ class TpuSupervisor:
         """Creates, recreates or waits for the TPU until it is ready; True when it had
         to be (re)created (the attempt then found no machines for a while). The state
         read when the last attempt ended is used if it is recent."""
-        created, failures = False, 0
+        created, failures, unknown, said = False, 0, 0, ""
         seen, self._seen = self._seen, None
         while True:
             fresh = seen is not None and time.monotonic() - seen[1] < STATE_FRESH_S
@@ -122,9 +123,16 @@ class TpuSupervisor:
             seen = None
             if state in READY:
                 return created
+            unknown = unknown + 1 if state == "UNKNOWN" else 0
+            if unknown >= MAX_UNKNOWN:
+                raise _GiveUpError(1, f"gcloud could not say the state {unknown} times in a row")
+            if state not in (said, "UNKNOWN"):
+                shown = "does not exist" if state == MISSING else f"is {state}"
+                self.say(f"the {self.plan.what} {shown}")
+                said = state
             if state in (MISSING, *LOST):
                 if state != MISSING:
-                    self.say(f"the {self.plan.what} is {state}: deleting and recreating it")
+                    self.say(f"deleting and recreating the {self.plan.what}")
                     self._all(self.plan.delete)
                 code = self._all(self.plan.create)
                 created = True

@@ -350,12 +350,19 @@ def hold_workdir(workdir: str, wait_s: float | None = None) -> WorkdirLease | _F
         except WorkdirHeldError as e:
             client.key_value_set(key, f"held {e}")
             raise
+        except Exception as e:  # the store failed: the others stop too, not wait
+            client.key_value_set(key, f"error {type(e).__name__}: {e}")
+            raise
         client.key_value_set(key, "ok")
         _acquired(workdir)
         return lease
     answer = client.blocking_key_value_get(key, int((wait_s + 600) * 1000))
     if answer.startswith("held "):
         raise WorkdirHeldError(answer[len("held ") :])
+    if answer.startswith("error "):
+        raise storage.StorageError(
+            f"process 0 could not take the lease on {workdir}: {answer[len('error ') :]}"
+        )
     _acquired(workdir)
     return _Follower()
 

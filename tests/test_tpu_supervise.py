@@ -76,7 +76,8 @@ def _supervise(tmp_path, plan: dict, *flags: str) -> tuple[subprocess.CompletedP
         text=True,
         timeout=120,
     )
-    calls = [json.loads(line) for line in (folder / "calls.jsonl").read_text().splitlines()]
+    log = folder / "calls.jsonl"
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     return proc, [["gcloud", *c] for c in calls]
 
 
@@ -158,6 +159,18 @@ def test_max_restarts_is_honoured_with_backoff_and_a_missing_tpu_is_created(gcs,
     assert waits == [("1", "0.2"), ("2", "0.4")]  # doubling
     assert "attempt 3 ended after" in proc.stderr
     assert "giving up after 2 restart(s) (--max_restarts)." in proc.stderr
+
+
+def test_a_work_directory_another_run_holds_is_refused_before_any_gcloud_call(gcs, tmp_path):
+    from mlperf.lease import Holder
+
+    now = time.time()
+    holder = Holder("laptop", 777, now - 60, now, 120.0, boot_id="x")
+    storage.write_bytes(f"{WORKDIR}/lease/00000001.json", holder.to_json())
+    proc, calls = _supervise(tmp_path, {"describe": ["READY"], "run": []})
+    assert proc.returncode == 3 and calls == []
+    assert "is in use by another run: host laptop, pid 777, started " in proc.stderr
+    assert not storage.exists(f"{WORKDIR}/supervisor.json")
 
 
 def test_supervise_refuses_a_work_directory_on_the_vm_disk():
