@@ -102,7 +102,7 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
     batch = _BATCH_SIZE.value
     if verb == "detect":
         output = _OUTPUT.value or os.path.join(_WORKDIR.value, f"detections_step{run.step}")
-        paths = detect(trained, images, output, batch, _THRESHOLD.value)
+        _, paths = detect(trained, images, output, batch, _THRESHOLD.value)
         print(f"wrote {paths[0]}, {paths[1]} and {len(paths) - 2} pictures", file=sys.stderr)
         return
     if verb == "translate":

@@ -128,8 +128,11 @@ def fill_mask(
     return out
 
 
-def detect(trained, images, output: str, batch_size: int, threshold: float = 0.5) -> list[str]:
-    """Writes `detect`'s outputs into `output` (mlperf.detection_predict.write_outputs)."""
+def detect(
+    trained, images, output: str, batch_size: int, threshold: float = 0.5
+) -> tuple[list, list[str]]:
+    """Every image's detections (mlperf.detection_predict.Detections), written into
+    `output` (mlperf.detection_predict.write_outputs); returns them and the paths."""
     from mlperf import detection_predict as dp
 
     if trained.run.benchmark == "ssd":
@@ -141,4 +144,4 @@ def detect(trained, images, output: str, batch_size: int, threshold: float = 0.5
     detector = Detector(trained)
     rows = detector.runner.batch_size(batch_size)
     found = detector.detect(images, rows, progress_bar(len(images), "image", rows))
-    return dp.write_outputs(output, found, labels, threshold)
+    return found, dp.write_outputs(output, found, labels, threshold)

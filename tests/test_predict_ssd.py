@@ -19,8 +19,8 @@ from launch.export_formats import export
 from launch.predict_verbs import detect
 from mlperf.coco_eval import load_ground_truth
 from mlperf.detection_predict import record_of
+from mlperf.ssd.boxes import to_pixel_xywh
 from mlperf.ssd.model import backbone_config
-from mlperf.ssd.predict import SsdDetector
 from mlperf.trained_model import load_trained, read_run
 
 pytestmark = pytest.mark.slow
@@ -47,15 +47,15 @@ def test_ssd_predict_and_export(tmp_path):
     over its workers, each training again."""
     run = train(tmp_path)
     trained = load_trained(read_run(str(run)))
-    detector = SsdDetector(trained)
-    # The evaluator's detections and predict's, of the eval images.
+    # The evaluator's detections and predict's (the `detect` verb), of the eval images.
     task, sums = evaluator_sums(trained, EVAL_IMAGES)
     images = write_eval_images(task, tmp_path / "images", EVAL_IMAGES)
-    evaluated = task, sums, images, detector.detect(images, EVAL_IMAGES)
+    found, paths = detect(trained, images, str(tmp_path / "out"), EVAL_IMAGES)
+    evaluated = task, sums, images, found
     check_detections_equal_the_evaluators(evaluated)
-    check_detect_writes_coco_results_and_pictures(trained, evaluated, tmp_path)
+    check_outputs_are_coco_results_and_pictures(evaluated, paths, tmp_path / "out")
     check_torch_export_backbone_and_heads(run, trained, tmp_path)
-    check_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path)
+    check_stablehlo_export_gives_the_models_detections(run, trained, evaluated, tmp_path)
 
 
 def check_detections_equal_the_evaluators(evaluated):
@@ -74,21 +74,19 @@ def check_detections_equal_the_evaluators(evaluated):
     assert total > 0  # something was detected to compare
 
 
-def check_detect_writes_coco_results_and_pictures(trained, evaluated, tmp_path):
+def check_outputs_are_coco_results_and_pictures(evaluated, paths, out):
     task, _, images, found = evaluated
-    out = tmp_path / "out"
-    paths = detect(trained, images[:2], str(out), batch_size=8)  # the CLI's `detect` verb
     results = json.loads((out / "detections.json").read_text())
     gt = load_ground_truth(str(out / "images.json"))
     loaded = gt.loadRes(results)  # pycocotools reads them as they are
     assert isinstance(loaded, pycocotools.coco.COCO)
     names = {c["name"] for c in gt.dataset["categories"]}
     assert names == set(task.data.coco.category_names[1:])
-    assert len(results) == sum(len(d.scores) for d in found[:2])
+    assert len(results) == sum(len(d.scores) for d in found)
     first = [r for r in results if r["image_id"] == images[0].image_id]
     np.testing.assert_allclose([r["score"] for r in first], found[0].scores, atol=1e-5)
-    assert paths[2:] == [str(out / f"{im.image_id}.png") for im in images[:2]]
-    assert all((out / f"{im.image_id}.png").stat().st_size > 0 for im in images[:2])
+    assert paths[2:] == [str(out / f"{im.image_id}.png") for im in images]
+    assert all((out / f"{im.image_id}.png").stat().st_size > 0 for im in images)
 
 
 def check_torch_export_backbone_and_heads(run, trained, tmp_path):
@@ -108,21 +106,18 @@ def check_torch_export_backbone_and_heads(run, trained, tmp_path):
     )
 
 
-def check_stablehlo_export_gives_the_models_detections(run, trained, detector, evaluated, tmp_path):
-    _, _, images, _ = evaluated
+def check_stablehlo_export_gives_the_models_detections(run, trained, evaluated, tmp_path):
+    _, _, images, found = evaluated
     folder = tmp_path / "stablehlo"
-    export(
-        str(run),
-        "stablehlo",
-        str(folder),
-        batch_size=EVAL_IMAGES,
-        trained=trained,
-    )
+    export(str(run), "stablehlo", str(folder), batch_size=EVAL_IMAGES, trained=trained)
     size = trained.task.anchors.image_size
     batch = {"image": np.stack([eval_view(record_of(im), size) for im in images])}
-    expected = detector.runner(batch)  # the compiled program predict ran
     out = run_exported(folder, batch, tmp_path)
     assert json.loads((folder / "labels.json").read_text())["names"][0] == "background"
-    for name in ("boxes", "scores"):
-        np.testing.assert_allclose(out[name], expected[name], atol=1e-5, rtol=1e-5)
-    np.testing.assert_array_equal(out["classes"], expected["classes"])
+    for i, d in enumerate(found):  # predict's detections: the model run on the mesh
+        keep = out["scores"][i] > 0
+        w, h = np.asarray(d.image.width), np.asarray(d.image.height)
+        xywh = to_pixel_xywh(out["boxes"][i][keep], w, h)
+        np.testing.assert_allclose(xywh, d.boxes_xywh, atol=1e-5, rtol=1e-5)
+        np.testing.assert_allclose(out["scores"][i][keep], d.scores, atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(out["classes"][i][keep], d.labels)
