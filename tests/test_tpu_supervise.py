@@ -299,3 +299,19 @@ def test_a_resume_folds_the_supervisors_restarts_into_the_ledger_once(tmp_path):
     again = Goodput.read(workdir)  # the same restarts are not counted twice
     assert again.no_machines_s == pytest.approx(420.0)
     assert again.restart_lost_s == pytest.approx(115.0)
+
+
+def test_several_slices_are_one_queued_resource_recreated_whole():
+    target = tpu.Target("ms", "us-east5-a", num_slices=2)
+    plan = tpu.supervise_plan(target, "v5p-128", TRAIN, [], ["/src/launch"], spot=True)
+    assert plan.describe == [*tpu.QUEUED, "describe", "ms", "--zone=us-east5-a"] + [
+        "--format=value(state.state)"
+    ]
+    assert plan.delete == [[*tpu.QUEUED, "delete", "ms", "--zone=us-east5-a", "--force", "--quiet"]]
+    assert plan.create == tpu.create_commands(target, "v5p-128", spot=True)
+    assert plan.workers == 32  # 16 hosts per slice
+    for cmd in (plan.run, *plan.stop):
+        assert cmd[:8] == [*tpu.QUEUED, "ssh", "ms", "--node=all", "--worker=all"]
+        assert "--batch-size=32" in cmd
+    assert "multipod-exit-code" in plan.run[-1] and "run.pgid" in plan.stop[0][-1]
+    assert plan.what == "queued resource ms" and plan.workdir == WORKDIR
