@@ -71,6 +71,12 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
     FileNotFoundError for bad input, raised before any model is built (before jax is
     imported) where the input alone shows it."""
     input_name = "stdin" if _INPUT.value == "-" else _INPUT.value
+    try:
+        ici_shape = [int(n) for n in _ICI_SHAPE.value]
+    except ValueError:
+        raise ValueError(
+            f"--ici_shape {','.join(_ICI_SHAPE.value)}: give sizes, e.g. 2,4"
+        ) from None
     if verb == "detect":
         from mlperf.detection_predict import image_files, read_images
 
@@ -98,7 +104,7 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
 
         vocab_file = _VOCAB_FILE.value or run_vocab_file(run.config)
         vocab_size = vocab_size_of(vocab_file, bool(run.config.data.lowercase))
-    trained = load_trained(run, [int(n) for n in _ICI_SHAPE.value], vocab_size)
+    trained = load_trained(run, ici_shape, vocab_size)
     batch = _BATCH_SIZE.value
     if verb == "detect":
         output = _OUTPUT.value or os.path.join(_WORKDIR.value, f"detections_step{run.step}")
