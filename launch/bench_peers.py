@@ -7,10 +7,12 @@ at the same size, batch, dtype, dropout and optimizer (AdamW), both from random
 init on the same synthetic batch. The dtype is fp32, or with `--peer_dtype bfloat16` ours
 in bf16 compute (fp32 parameters) against torch under `torch.autocast("cpu",
 torch.bfloat16)`. Transformer: our `mlperf.transformer` against
-`torch.nn.Transformer` with the same dimensions (pre-LN, ReLU, shared embedding tied to
-the output projection, sinusoidal positions, label smoothing 0.1, Adam), one padded
-sentence pair per row. Ours uses gathers for lookups, the CPU choice of the configs
-(`einsum_gather=False`; `--peer_einsum_gather` times the TPU one-hot path for BERT).
+`torch.nn.Transformer` (launch/torch_transformer.py, the model `launch.export --format
+torch` writes a Transformer run for) with the same dimensions (pre-LN, ReLU, shared
+embedding tied to the output projection, sinusoidal positions, label smoothing 0.1,
+Adam), one padded sentence pair per row. Ours uses gathers for lookups, the CPU choice
+of the configs (`einsum_gather=False`; `--peer_einsum_gather` times the TPU one-hot path
+for BERT).
 
 The two sides alternate A B A B in one process, so machine load that comes and goes
 (the CPUs are shared) hits both alike; each round times `steps` train steps of each
