@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
             _BATCH_SIZE.value,
             _INPUT_LENGTH.value,
         )
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: unreadable files, a bucket not reached
         print(f"multipod: error: {e}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
     print("wrote " + ", ".join(paths))

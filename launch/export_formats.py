@@ -14,9 +14,13 @@ _DEFAULT_DIRS = {"safetensors": "hf", "torch": "torch", "stablehlo": "stablehlo"
 
 
 def default_output(workdir: str, fmt: str, benchmark: str, step: int) -> str:
-    """W/hf_step<N> for the Hugging Face BERT, W/<format>_step<N> otherwise."""
+    """W/hf_step<N> for the Hugging Face BERT, W/<format>_step<N> otherwise (in the
+    current folder for a work directory in a bucket: outputs are written locally)."""
+    from input_pipeline import storage
+
     prefix = "hf" if benchmark == "bert" and fmt == "torch" else _DEFAULT_DIRS[fmt]
-    return os.path.join(workdir, f"{prefix}_step{step}")
+    folder = os.path.abspath(".") if storage.is_url(workdir) else workdir
+    return os.path.join(folder, f"{prefix}_step{step}")
 
 
 def export(
@@ -92,6 +96,7 @@ def _backbone_config(trained):
 def _stablehlo(
     trained, output, platforms, batch_size: int, input_length: int, vocab_file: str | None
 ) -> list[str]:
+    from input_pipeline import storage
     from mlperf import inference_programs
     from mlperf.detection_predict import num_classes, run_label_map
     from mlperf.stablehlo_export import export_program
@@ -110,7 +115,7 @@ def _stablehlo(
         make = getattr(inference_programs, f"{benchmark}_program")
         program = make(trained, batch_size, labels)
     source = {
-        "workdir": os.path.abspath(os.path.dirname(trained.run.directory)),
+        "workdir": storage.parent(trained.run.directory),
         "benchmark": benchmark,
         "variant": trained.config.get("variant", ""),
         "step": trained.run.step,

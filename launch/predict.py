@@ -66,6 +66,14 @@ _THRESHOLD = flags.DEFINE_float(
 )
 
 
+def default_detections_dir(workdir: str, step: int) -> str:
+    """W/detections_step<N> (in the current folder for a work directory in a bucket)."""
+    from input_pipeline import storage
+
+    folder = os.path.abspath(".") if storage.is_url(workdir) else workdir
+    return os.path.join(folder, f"detections_step{step}")
+
+
 def predict(verb: str, inputs: Sequence[str]) -> None:
     """Runs one verb with the flags' values (see the module docstring); ValueError or
     FileNotFoundError for bad input, raised before any model is built (before jax is
@@ -107,7 +115,7 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
     trained = load_trained(run, ici_shape, vocab_size)
     batch = _BATCH_SIZE.value
     if verb == "detect":
-        output = _OUTPUT.value or os.path.join(_WORKDIR.value, f"detections_step{run.step}")
+        output = _OUTPUT.value or default_detections_dir(_WORKDIR.value, run.step)
         _, paths = detect(trained, images, output, batch, _THRESHOLD.value)
         print(f"wrote {paths[0]}, {paths[1]} and {len(paths) - 2} pictures", file=sys.stderr)
         return
@@ -130,7 +138,7 @@ def main(argv: list[str]) -> None:
         usage_error(f"--batch_size {_BATCH_SIZE.value}: give at least 1")
     try:
         predict(argv[1], argv[2:])
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # OSError: unreadable files, a bucket not reached
         usage_error(str(e))
 
 

@@ -13,7 +13,6 @@ Used by `launch.predict` and `launch.export`.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +37,9 @@ class RunCheckpoint:
 
     @property
     def path(self) -> str:
-        return os.path.join(self.directory, str(self.step))
+        from input_pipeline import storage
+
+        return storage.join(self.directory, str(self.step))
 
     def shape(self, path: str) -> tuple[int, ...]:
         """The stored shape of the parameter at `path` ("['params']['embed']['embedding']")."""
@@ -55,10 +56,15 @@ def read_run(
     """The newest (or `step`'s) checkpoint of the run in `workdir` (or `checkpoint_dir`);
     a FileNotFoundError when there is none, a WrongBenchmarkError when its benchmark is not
     one of `benchmarks` (`verb` names what was asked, for the message)."""
+    from input_pipeline import storage
     from mlperf.checkpoint import checkpoint_metadata
 
-    directory = os.path.abspath(checkpoint_dir or os.path.join(workdir, "checkpoints"))
-    if not os.path.isdir(directory):
+    # Local folders and buckets (gs://) alike, as the checkpointer writes them.
+    if checkpoint_dir:
+        directory = storage.resolve(checkpoint_dir)
+    else:
+        directory = storage.join(storage.resolve(workdir), "checkpoints")
+    if not storage.isdir(directory):
         raise FileNotFoundError(
             f"no checkpoint directory {directory}: point --workdir at a run's work directory"
         )
@@ -68,7 +74,7 @@ def read_run(
     if benchmark not in benchmarks:
         what = f"`{verb}`" if verb else "this"
         raise WrongBenchmarkError(
-            f"{os.path.join(directory, str(step))} is a {benchmark} checkpoint; {what} needs "
+            f"{storage.join(directory, str(step))} is a {benchmark} checkpoint; {what} needs "
             f"a {' or '.join(benchmarks)} run."
         )
     return RunCheckpoint(directory, step, benchmark, config, meta["shapes"])
