@@ -147,13 +147,13 @@ def describe_exit(index: int, code: int) -> str:
     return f"process {index} exited with code {code} ({meaning})"
 
 
-def _orderly_end(codes: list[int]) -> int:
+def _orderly_end(codes: list[int], supervised: bool = False) -> int:
     if all(c == EXIT_TARGET_REACHED for c in codes):
         return EXIT_TARGET_REACHED
     if EXIT_PREEMPTED in codes:
+        again = "" if supervised else "; run the same command again to continue"
         print(
-            "launch.local: the run was preempted (checkpoint written); run the same "
-            "command again to continue.",
+            f"launch.local: the run was preempted (checkpoint written){again}.",
             file=sys.stderr,
             flush=True,
         )
@@ -168,7 +168,12 @@ def _orderly_end(codes: list[int]) -> int:
 
 
 def launch(
-    command: list[str], processes: int, devices: int, grace_s: float = 10.0, stall_s: float = 0.0
+    command: list[str],
+    processes: int,
+    devices: int,
+    grace_s: float = 10.0,
+    stall_s: float = 0.0,
+    supervised: bool = False,
 ) -> int:
     """Runs `command` as `processes` joined processes; returns the launcher's exit code."""
     coordinator = f"127.0.0.1:{free_port()}"
@@ -204,7 +209,7 @@ def launch(
                 )
                 return code if code > 0 else 128 - code
             if all(c is not None for c in codes):
-                return _orderly_end(codes)
+                return _orderly_end(codes, supervised)
             if stall_s and time.monotonic() - last_line[0] > stall_s:
                 _signal_alive(procs, signal.SIGUSR1)
                 time.sleep(min(grace_s, 3.0))  # the stacks reach our output meanwhile
@@ -262,7 +267,7 @@ def supervise(
         return 0.0  # the machine never goes away
 
     def attempt(_: int) -> Attempt:
-        return Attempt(launch(command, processes, devices, grace_s, stall_s))
+        return Attempt(launch(command, processes, devices, grace_s, stall_s, supervised=True))
 
     return supervisor.run(attempt, recover)
 

@@ -243,10 +243,9 @@ class Supervisor:
                 + (f"; {result.state}" if result.state else "")
             )
             if attempt > 1:
-                head += (
-                    f"; {_duration(lost_before)} lost before it started "
-                    f"({_duration(no_machines_before)} without machines)"
-                )
+                head += f"; {_duration(lost_before)} lost before it started"
+                if no_machines_before > 0:
+                    head += f" ({_duration(no_machines_before)} without machines)"
             if result.code == EXIT_TARGET_REACHED or not retry:
                 self.say(f"{head}; not restarted.")
                 self.record.write()
