@@ -62,10 +62,11 @@ test-system: $(TEST_STAMP)
 # Transformer evals on 2 processes x 4 devices, the real planner ranking and its compile-heavy
 # checks (out-of-HBM extrapolation, the compiler's estimate against the overlapped bound), the
 # TPU table's tiny rows, v5e's chained collectives on v6e, the Transformer tiny run's MLPerf log
-# through the compliance checker.
+# through the compliance checker, and every model's predict and export from a tiny checkpoint.
 CI_SLOW_TESTS := tests/test_ssd_spatial.py tests/test_maskrcnn_model.py tests/test_ssd_eval.py \
 	tests/test_plan.py tests/test_transformer_e2e.py tests/test_tpu_table.py \
-	tests/test_tpu_generations.py
+	tests/test_tpu_generations.py tests/test_predict_transformer.py tests/test_predict_bert.py \
+	tests/test_predict_ssd.py tests/test_predict_maskrcnn.py
 test-ci-slow: $(TEST_STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow $(CI_SLOW_TESTS)
 
