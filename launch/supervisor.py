@@ -138,6 +138,35 @@ class SupervisorRecord:
         self.data: dict[str, Any] = {"attempt": 0, "attempts": [], "restarts": []}
         self._warned = False
 
+    def starting(self, attempt: int) -> None:
+        self.data["attempt"] = attempt
+        self.write()
+
+    def restarted(self, after: Attempt, seconds: float, no_machines_s: float) -> None:
+        """The wait before an attempt: `seconds` since the last one ended, of which
+        `no_machines_s` without machines."""
+        self.data["restarts"].append(
+            {
+                "after_attempt": self.data["attempt"],
+                "seconds": round(seconds, 3),
+                "no_machines_s": round(no_machines_s, 3),
+                "cause": after.cause,
+            }
+        )
+
+    def ended(self, result: Attempt, started: float, ended: float) -> None:
+        self.data["attempts"].append(
+            {
+                "attempt": self.data["attempt"],
+                "started": round(started, 3),
+                "ended": round(ended, 3),
+                "exit_code": result.code,
+                "cause": result.cause,
+                "state": result.state,
+            }
+        )
+        self.write()
+
     def write(self) -> None:
         if not self.workdir:
             return
@@ -203,60 +232,46 @@ class Supervisor:
             return EXIT_WORKDIR_HELD
         previous: Attempt | None = None
         ended = self.clock()
-        lost_before = no_machines_before = 0.0
+        lost = no_machines = 0.0
         attempt = 0
         while True:
             no_machines = recover(previous, ended)
-            attempt += 1
             started = self.clock()
             if previous is not None:
-                lost_before, no_machines_before = started - ended, min(no_machines, started - ended)
-                self.record.data["restarts"].append(
-                    {
-                        "after_attempt": attempt - 1,
-                        "seconds": round(lost_before, 3),
-                        "no_machines_s": round(no_machines_before, 3),
-                        "cause": previous.cause,
-                    }
-                )
-            self.record.data["attempt"] = attempt
-            self.record.write()
+                lost, no_machines = started - ended, min(no_machines, started - ended)
+                self.record.restarted(previous, lost, no_machines)
+            attempt += 1
+            self.record.starting(attempt)
             result = run_attempt(attempt)
             ended = self.clock()
             retry, meaning = classify(result.code)
-            if result.retry is not None:
-                retry = result.retry
+            retry = retry if result.retry is None else result.retry
             result.cause = result.cause or meaning
-            self.record.data["attempts"].append(
-                {
-                    "attempt": attempt,
-                    "started": round(started, 3),
-                    "ended": round(ended, 3),
-                    "exit_code": result.code,
-                    "cause": result.cause,
-                    "state": result.state,
-                }
-            )
-            head = (
-                f"attempt {attempt} ended after {_duration(ended - started)}: "
-                f"{result.cause} (exit {result.code})"
-                + (f"; {result.state}" if result.state else "")
-            )
-            if attempt > 1:
-                head += f"; {_duration(lost_before)} lost before it started"
-                if no_machines_before > 0:
-                    head += f" ({_duration(no_machines_before)} without machines)"
+            self.record.ended(result, started, ended)
+            head = self._ended_line(attempt, result, ended - started, lost, no_machines)
             if result.code == EXIT_TARGET_REACHED or not retry:
                 self.say(f"{head}; not restarted.")
-                self.record.write()
                 return result.code
             if attempt > self.max_restarts:
                 used = f"{self.max_restarts} restart(s)"
                 self.say(f"{head}; giving up after {used} (--max_restarts).")
-                self.record.write()
                 return result.code
             wait = self.backoff.next(ended - started)
             self.say(f"{head}; restart {attempt} of at most {self.max_restarts} in {wait:g} s.")
-            self.record.write()
             self.sleep(wait)
             previous = result
+
+    @staticmethod
+    def _ended_line(
+        attempt: int, result: Attempt, ran_s: float, lost_s: float, no_machines_s: float
+    ) -> str:
+        """How an attempt ended: cause, code, machines' state, time lost before it."""
+        line = (
+            f"attempt {attempt} ended after {_duration(ran_s)}: {result.cause} (exit {result.code})"
+        )
+        line += f"; {result.state}" if result.state else ""
+        if attempt > 1:
+            line += f"; {_duration(lost_s)} lost before it started"
+            if no_machines_s > 0:
+                line += f" ({_duration(no_machines_s)} without machines)"
+        return line
