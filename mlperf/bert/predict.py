@@ -164,15 +164,15 @@ class MaskFiller:
         progress: Callable[[int], None] | None = None,
     ) -> list[Prediction]:
         """Every line's prediction, in order (featurize every line first: a bad line is
-        an error before anything runs)."""
+        an error before anything runs); `progress(1)` after each line."""
         features = [self.featurize(line) for line in lines]
         rows = self.runner.batch_size(batch_size)
         outputs = self.runner.run((f.example for f in features), rows)
         results = []
-        for n, (line, f, out) in enumerate(zip(lines, features, outputs, strict=True), 1):
+        for line, f, out in zip(lines, features, outputs, strict=True):
             results.append(self._prediction(line, f, out))
-            if progress is not None and (n % rows == 0 or n == len(lines)):
-                progress(rows if n % rows == 0 else n % rows)
+            if progress is not None:
+                progress(1)
         return results
 
     def _prediction(self, line: str, f: Featurized, out: dict[str, np.ndarray]) -> Prediction:

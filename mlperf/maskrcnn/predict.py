@@ -33,7 +33,8 @@ class MaskRcnnDetector:
         batch_size: int,
         progress: Callable[[int], None] | None = None,
     ) -> list[Detections]:
-        """Every image's detections with full-image masks (input order)."""
+        """Every image's detections with full-image masks (input order); `progress(1)`
+        after each image."""
         rows = self.runner.batch_size(batch_size)
         scales: list[float] = []
 
@@ -45,13 +46,13 @@ class MaskRcnnDetector:
 
         out = []
         outputs = self.runner.run(examples(), rows)
-        for n, (im, o) in enumerate(zip(images, outputs, strict=True), 1):
+        for i, (im, o) in enumerate(zip(images, outputs, strict=True)):
             keep = np.asarray(o["valid"], bool)
-            yxyx = image_boxes(o["boxes"][keep], scales[n - 1], im.height, im.width)
+            yxyx = image_boxes(o["boxes"][keep], scales[i], im.height, im.width)
             masks = paste_masks(o["masks"][keep], yxyx, im.height, im.width)
             out.append(
                 Detections(im, yxyx_to_xywh(yxyx), o["scores"][keep], o["classes"][keep], masks)
             )
-            if progress is not None and (n % rows == 0 or n == len(images)):
-                progress(rows if n % rows == 0 else n % rows)
+            if progress is not None:
+                progress(1)
         return out

@@ -32,15 +32,16 @@ class SsdDetector:
         batch_size: int,
         progress: Callable[[int], None] | None = None,
     ) -> list[Detections]:
-        """Every image's detections (input order), `batch_size` images per batch."""
+        """Every image's detections (input order), `batch_size` images per batch;
+        `progress(1)` after each image."""
         rows = self.runner.batch_size(batch_size)
         examples = ({"image": eval_view(record_of(im), self.size)} for im in images)
         out = []
-        for n, (im, o) in enumerate(zip(images, self.runner.run(examples, rows), strict=True), 1):
+        for im, o in zip(images, self.runner.run(examples, rows), strict=True):
             keep = o["scores"] > 0  # filled NMS slots
             w, h = np.asarray(im.width), np.asarray(im.height)
             xywh = to_pixel_xywh(o["boxes"][keep], w, h).astype(np.float32)
             out.append(Detections(im, xywh, o["scores"][keep], o["classes"][keep]))
-            if progress is not None and (n % rows == 0 or n == len(images)):
-                progress(rows if n % rows == 0 else n % rows)
+            if progress is not None:
+                progress(1)
         return out

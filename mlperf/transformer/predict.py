@@ -114,17 +114,17 @@ class Translator:
         progress: Callable[[int], None] | None = None,
     ) -> list[Translation]:
         """Every line translated (in input order), `batch_size` lines per device batch
-        (rounded up to the mesh's batch split); `progress(n)` after each batch of n."""
+        (rounded up to the mesh's batch split); `progress(1)` after each line."""
         encoded = [encode(self.vocab, line, self.max_length) for line in lines]
         length = round_up(max(len(ids) for ids in encoded), LENGTH_MULTIPLE)
         order = sorted(range(len(lines)), key=lambda i: (len(encoded[i]), i))
         rows = self.runner.batch_size(batch_size)
         tokens: dict[int, tuple[int, ...]] = {}
         outputs = self.runner.run(self._examples(encoded, order, length), rows)
-        for n, (i, out) in enumerate(zip(order, outputs, strict=True), 1):
+        for i, out in zip(order, outputs, strict=True):
             tokens[i] = until_eos(out["tokens"])
-            if progress is not None and (n % rows == 0 or n == len(order)):
-                progress(rows if n % rows == 0 else n % rows)
+            if progress is not None:
+                progress(1)
         return [
             Translation(line, detokenize(self.vocab, tokens[i]), tokens[i])
             for i, line in enumerate(lines)
