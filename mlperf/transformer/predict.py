@@ -4,8 +4,8 @@ Lines are encoded as the eval set is (the run's vocabulary, EOS appended, cut to
 `data.eval_max_length` with EOS kept last), padded to the longest line rounded up to 8
 (the eval's rule: one compiled program for the whole input), sorted by length so that
 each batch's beam search ends with its longest sentence, and decoded by the task's
-`eval_outputs` (beam size, length penalty and `max_extra_length` from `config.eval`,
-overridable). Outputs are detokenised as the BLEU evaluation sees them.
+`eval_outputs` (beam size, length penalty and `max_extra_length` from `config.eval`, the
+first two overridable). Outputs are detokenised as the BLEU evaluation sees them.
 """
 
 from __future__ import annotations
@@ -76,7 +76,6 @@ def decoding_config(
     config: ConfigDict,
     beam_size: int = 0,
     length_penalty: float | None = None,
-    max_extra_length: int = 0,
 ) -> ConfigDict:
     """`config` with the eval's decoding settings overridden where given."""
     config = ConfigDict(config.to_dict())
@@ -84,8 +83,6 @@ def decoding_config(
         config.eval.beam_size = beam_size
     if length_penalty is not None:
         config.eval.length_penalty = length_penalty
-    if max_extra_length:
-        config.eval.max_extra_length = max_extra_length
     return config
 
 
@@ -98,10 +95,9 @@ class Translator:
         vocab,
         beam_size: int = 0,
         length_penalty: float | None = None,
-        max_extra_length: int = 0,
     ):
         self.vocab = vocab
-        config = decoding_config(trained.config, beam_size, length_penalty, max_extra_length)
+        config = decoding_config(trained.config, beam_size, length_penalty)
         self.max_length = int(config.data.eval_max_length)
         # The task only decodes: eval_outputs reads config.eval and einsum_gather.
         self.task = TransformerTask(config)
