@@ -92,10 +92,11 @@ def transformer_program(translator, batch_size: int, input_length: int) -> Progr
     )
 
 
-def detector_program(trained, batch_size: int, labels, preprocessing: str, what: str) -> Program:
-    """The task's eval outputs (detections after NMS) of a batch of images."""
+def detector_program(
+    trained, batch_size: int, size: int, labels, preprocessing: str, what: str
+) -> Program:
+    """The task's eval outputs (detections after NMS) of a batch of `size` x `size` images."""
     task, layout = trained.task, trained.layout
-    size = _image_size(trained)
 
     def fn(params, inputs):
         return task.eval_outputs(layout.model(params), {"image": inputs["image"]})
@@ -111,17 +112,12 @@ def detector_program(trained, batch_size: int, labels, preprocessing: str, what:
     )
 
 
-def _image_size(trained) -> int:
-    if trained.run.benchmark == "ssd":
-        return int(trained.task.anchors.image_size)
-    return int(trained.task.input_params().image_size)
-
-
 def ssd_program(trained, batch_size: int, labels) -> Program:
-    size = _image_size(trained)
+    size = int(trained.task.anchors.image_size)
     return detector_program(
         trained,
         batch_size,
+        size,
         labels,
         f"the whole image resized to {size} x {size} (bilinear), {IMAGENET_NORMALISATION}.",
         "SSD detections after on-device NMS: boxes (x0, y0, x1, y1) as fractions of the "
@@ -130,10 +126,11 @@ def ssd_program(trained, batch_size: int, labels) -> Program:
 
 
 def maskrcnn_program(trained, batch_size: int, labels) -> Program:
-    size = _image_size(trained)
+    size = int(trained.task.input_params().image_size)
     return detector_program(
         trained,
         batch_size,
+        size,
         labels,
         f"the longer side resized to {size} (aspect kept, bilinear), {IMAGENET_NORMALISATION}, "
         f"zero-padded bottom and right to {size} x {size}; boxes divide by the resize scale "
