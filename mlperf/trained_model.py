@@ -35,12 +35,6 @@ class RunCheckpoint:
     config: ConfigDict
     shapes: dict[str, Any]  # leaf path -> [shape, dtype], as the checkpoint stores them
 
-    @property
-    def path(self) -> str:
-        from input_pipeline import storage
-
-        return storage.join(self.directory, str(self.step))
-
     def shape(self, path: str) -> tuple[int, ...]:
         """The stored shape of the parameter at `path` ("['params']['embed']['embedding']")."""
         return tuple(self.shapes[path][0])
