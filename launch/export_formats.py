@@ -10,17 +10,11 @@ import sys
 from collections.abc import Sequence
 
 FORMATS = ("safetensors", "torch", "stablehlo")
-_DEFAULT_DIRS = {"safetensors": "hf", "torch": "torch", "stablehlo": "stablehlo"}
 
 
-def default_output(workdir: str, fmt: str, benchmark: str, step: int) -> str:
-    """W/hf_step<N> for the Hugging Face BERT, W/<format>_step<N> otherwise (in the
-    current folder for a work directory in a bucket: outputs are written locally)."""
-    from input_pipeline import storage
-
-    prefix = "hf" if benchmark == "bert" and fmt == "torch" else _DEFAULT_DIRS[fmt]
-    folder = os.path.abspath(".") if storage.is_url(workdir) else workdir
-    return os.path.join(folder, f"{prefix}_step{step}")
+def output_name(fmt: str, benchmark: str) -> str:
+    """hf for the Hugging Face BERT (W/hf_step<N>), the format's name otherwise."""
+    return "hf" if fmt == "safetensors" or (benchmark == "bert" and fmt == "torch") else fmt
 
 
 def export(
@@ -37,7 +31,7 @@ def export(
     """Restores one checkpoint (or takes `trained`, a TrainedModel restored already) and
     writes it in `fmt`; returns the paths written."""
     from mlperf.stablehlo_export import check_platforms
-    from mlperf.trained_model import load_trained, read_run
+    from mlperf.trained_model import default_output, load_trained, read_run
 
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
@@ -54,7 +48,7 @@ def export(
     vocab_file = _bert_vocab(run.config) if run.benchmark == "bert" else None
     if trained is None:
         trained = load_trained(run, vocab_size=_bert_vocab_size(run.config, vocab_file))
-    output = output or default_output(workdir, fmt, run.benchmark, run.step)
+    output = output or default_output(workdir, output_name(fmt, run.benchmark), run.step)
     if fmt == "stablehlo":
         return _stablehlo(trained, output, platforms, batch_size, input_length, vocab_file)
     return _torch(trained, output)

@@ -24,7 +24,6 @@ cannot take, a checkpoint of another benchmark) is one line on stderr and exit c
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -66,14 +65,6 @@ _THRESHOLD = flags.DEFINE_float(
 )
 
 
-def default_detections_dir(workdir: str, step: int) -> str:
-    """W/detections_step<N> (in the current folder for a work directory in a bucket)."""
-    from input_pipeline import storage
-
-    folder = os.path.abspath(".") if storage.is_url(workdir) else workdir
-    return os.path.join(folder, f"detections_step{step}")
-
-
 def predict(verb: str, inputs: Sequence[str]) -> None:
     """Runs one verb with the flags' values (see the module docstring); ValueError or
     FileNotFoundError for bad input, raised before any model is built (before jax is
@@ -102,7 +93,7 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
             check_lines(lines, verb, input_name)
 
     from mlperf import compilation_cache
-    from mlperf.trained_model import load_trained, read_run
+    from mlperf.trained_model import default_output, load_trained, read_run
 
     run = read_run(_WORKDIR.value, _STEP.value, _CHECKPOINT_DIR.value, VERBS[verb], verb)
     compilation_cache.enable(compilation_cache.default_directory())
@@ -115,7 +106,7 @@ def predict(verb: str, inputs: Sequence[str]) -> None:
     trained = load_trained(run, ici_shape, vocab_size)
     batch = _BATCH_SIZE.value
     if verb == "detect":
-        output = _OUTPUT.value or default_detections_dir(_WORKDIR.value, run.step)
+        output = _OUTPUT.value or default_output(_WORKDIR.value, "detections", run.step)
         _, paths = detect(trained, images, output, batch, _THRESHOLD.value)
         print(f"wrote {paths[0]}, {paths[1]} and {len(paths) - 2} pictures", file=sys.stderr)
         return

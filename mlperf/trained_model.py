@@ -13,6 +13,7 @@ Used by `launch.predict` and `launch.export`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +73,15 @@ def read_run(
             f"a {' or '.join(benchmarks)} run."
         )
     return RunCheckpoint(directory, step, benchmark, config, meta["shapes"])
+
+
+def default_output(workdir: str, name: str, step: int) -> str:
+    """W/<name>_step<N>, where predict and export write by default (in the current folder
+    for a work directory in a bucket: outputs are written locally)."""
+    from input_pipeline import storage
+
+    folder = os.path.abspath(".") if storage.is_url(workdir) else workdir
+    return os.path.join(folder, f"{name}_step{step}")
 
 
 def _only_shape(run: RunCheckpoint, *parts: str) -> tuple[int, ...]:
