@@ -35,6 +35,21 @@ def train_tiny(workdir, config: str, *overrides: str) -> None:
     assert (workdir / "checkpoints" / str(STEPS)).is_dir(), proc.stderr[-3000:]
 
 
+def train_tiny_detector(root, config: str, eval_images: int, *overrides: str):
+    """A tiny detector (`config`: ssd.py:tiny, maskrcnn.py:tiny) on a small shapes set with
+    `eval_images` eval images, trained a couple of steps into root/run (returned)."""
+    train_tiny(
+        root / "run",
+        config,
+        f"--config.data.cache_dir={root / 'cache'}",
+        "--config.data.shapes_images=40",
+        f"--config.data.eval_count={eval_images}",
+        f"--config.train.eval_batch_size={eval_images}",
+        *overrides,
+    )
+    return root / "run"
+
+
 def run_cli(module: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     """`python -m <module> ARGS` from the repository root on 8 fake CPU devices."""
     return subprocess.run(

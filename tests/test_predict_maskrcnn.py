@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 from detector_helpers import check_backbone_export, evaluator_sums, write_eval_images
-from predict_helpers import run_exported, train_tiny
+from predict_helpers import run_exported, train_tiny_detector
 from pycocotools import mask as mask_utils
 
 from input_pipeline.maskrcnn_data import make_example
@@ -28,15 +28,7 @@ EVAL_IMAGES = 8
 
 def train(root):
     """The tiny Mask R-CNN on a small shapes set, trained a couple of steps."""
-    train_tiny(
-        root / "run",
-        "maskrcnn.py:tiny",
-        f"--config.data.cache_dir={root / 'cache'}",
-        "--config.data.shapes_images=40",
-        f"--config.data.eval_count={EVAL_IMAGES}",
-        f"--config.train.eval_batch_size={EVAL_IMAGES}",
-    )
-    return root / "run"
+    return train_tiny_detector(root, "maskrcnn.py:tiny", EVAL_IMAGES)
 
 
 def test_maskrcnn_predict_and_export(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pycocotools.coco
 import pytest
 from detector_helpers import check_backbone_export, evaluator_sums, write_eval_images
-from predict_helpers import run_exported, train_tiny
+from predict_helpers import run_exported, train_tiny_detector
 
 from input_pipeline.detection_augment import eval_view
 from launch.export_formats import export
@@ -30,16 +30,9 @@ EVAL_IMAGES = 8
 
 def train(root):
     """The tiny SSD on a small shapes set, trained a couple of steps."""
-    train_tiny(
-        root / "run",
-        "ssd.py:tiny",
-        f"--config.data.cache_dir={root / 'cache'}",
-        "--config.data.shapes_images=40",
-        f"--config.data.eval_count={EVAL_IMAGES}",
-        "--config.train.global_batch_size=16",
-        f"--config.train.eval_batch_size={EVAL_IMAGES}",
+    return train_tiny_detector(
+        root, "ssd.py:tiny", EVAL_IMAGES, "--config.train.global_batch_size=16"
     )
-    return root / "run"
 
 
 def test_ssd_predict_and_export(tmp_path):
