@@ -1,8 +1,8 @@
 """A trained tiny Mask R-CNN used and exported: predict gives the evaluator's detections of
-the same images (boxes and scores to 1e-5, the same pasted masks) and writes them as COCO
-results with RLE masks; the torch export's backbone re-imports to the same parameters and
-gives our features in a torchvision-named torch ResNet; the stablehlo export runs without
-the project and gives the JAX model's detections."""
+the same images (boxes and scores to 1e-5, pasted masks the same on > 99.9% of pixels) and
+writes them as COCO results with RLE masks; the torch export's backbone re-imports to the
+same parameters and gives our features in a torchvision-named torch ResNet; the stablehlo
+export runs without the project and gives the JAX model's detections."""
 
 from __future__ import annotations
 
