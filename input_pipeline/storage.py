@@ -3,8 +3,9 @@
 Every path a run reads or writes goes through here: the work directory, checkpoints,
 logs, TensorBoard and profile folders, and every input file. Local paths behave exactly
 as plain files do (made absolute, `~` expanded); a URL is read and written through
-`etils.epath`, the path type orbax already uses for checkpoints, whose `gs://` backend is
-fsspec's gcsfs when TensorFlow is absent (docs/design.md says why this layer).
+fsspec's gcsfs, the client behind `etils.epath` (orbax's path type) when TensorFlow is
+absent, so the run's files and orbax's checkpoint metadata share one client
+(docs/design.md says why).
 
 An object store has no directories, no appends and no atomic renames: `makedirs` is a
 no-op there, a write replaces a whole object (atomic by itself), and `rename` copies and
@@ -47,8 +48,6 @@ def configure_emulator() -> None:
 
 
 configure_emulator()
-
-from etils import epath  # noqa: E402 - after the emulator settings
 
 # gcsfs logs every request that ran out of retries with its traceback; the error itself
 # reaches the caller, which reports it in one line (StorageError).
@@ -119,11 +118,6 @@ def bucket(path: str) -> str:
         return path
     s = scheme(path)
     return f"{s}://{path[len(s) + 3 :].split('/', 1)[0]}"
-
-
-def as_epath(path: str) -> epath.Path:
-    """The etils path of `path` (what orbax takes)."""
-    return epath.Path(path)
 
 
 def _fs(path: str):
@@ -341,15 +335,21 @@ def write_text(path: str, text: str) -> None:
 
 def create_exclusive(path: str, data: bytes) -> bool:
     """Writes `path` only if it does not exist (the store's atomic create: a local
-    O_EXCL open, an object upload with generation precondition 0). False if it existed."""
+    temporary file linked to `path`, an object upload with generation precondition 0).
+    False if it existed. A reader sees the whole file or none."""
     if not is_url(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.link(tmp, path)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
         return True
     with errors("creating", path):
         try:
@@ -361,6 +361,23 @@ def create_exclusive(path: str, data: bytes) -> bool:
                 return False
             raise
     return True
+
+
+def probe_write(folder: str, name: str = "") -> None:
+    """Writes and deletes a small file in `folder` (created if local): an unwritable
+    folder, a full disk, a missing bucket or an unreachable store fails here, as an
+    OSError (StorageError for a store), before the real writes begin."""
+    probe = join(folder, name or f".write_probe_{os.getpid()}")
+    if is_url(folder):
+        write_bytes(probe, b"\0" * 4096)
+        remove(probe)
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(probe, "wb") as f:
+        f.write(b"\0" * 4096)
+        f.flush()
+        os.fsync(f.fileno())
+    os.remove(probe)
 
 
 def upload(local: str, remote: str) -> None:
@@ -512,26 +529,14 @@ def staging_dir(workdir: str) -> str:
     return path
 
 
-def errno_of(error: BaseException) -> int | None:
-    """The operating-system errno behind an error, if any."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno:
-            return seen.errno
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
 __all__ = [
     "EMULATOR_ENV",
     "StorageError",
-    "as_epath",
     "basename",
     "bucket",
     "configure_emulator",
     "create_exclusive",
     "download",
-    "errno_of",
     "errors",
     "exists",
     "file_sizes",
@@ -546,6 +551,7 @@ __all__ = [
     "local_mirror",
     "makedirs",
     "open_file",
+    "probe_write",
     "parent",
     "read_bytes",
     "read_range",

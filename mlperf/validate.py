@@ -153,7 +153,7 @@ def check_cache_dir(config) -> None:
         )
     path = os.path.abspath(os.path.expanduser(data.cache_dir or DEFAULT_CACHE_DIR))
     try:
-        _probe_write(path)
+        storage.probe_write(path)
     except OSError as e:
         raise ConfigError(
             f"data.cache_dir {path!r} is not writable ({e.strerror or e}); set "
@@ -161,23 +161,11 @@ def check_cache_dir(config) -> None:
         ) from None
 
 
-def _probe_write(path: str) -> None:
-    os.makedirs(path, exist_ok=True)
-    probe = os.path.join(path, f".write_probe_{os.getpid()}")
-    with open(probe, "wb") as f:
-        f.write(b"\0" * 4096)
-        f.flush()
-        os.fsync(f.fileno())
-    os.remove(probe)
-
-
 def _probe_store(name: str, path: str) -> None:
-    """Writes and deletes a probe object: a missing bucket, missing permission or an
-    unreachable store is one line before anything is built."""
-    probe = storage.join(path, f".write_probe_{os.getpid()}")
+    """A missing bucket, missing permission or an unreachable store is one line before
+    anything is built."""
     try:
-        storage.write_bytes(probe, b"\0" * 16)
-        storage.remove(probe)
+        storage.probe_write(path)
     except OSError as e:
         raise ConfigError(
             f"{name} {path}: cannot write there ({e}); check the bucket name and this "
@@ -204,7 +192,7 @@ def check_workdir(workdir: str, checkpoint_dir: str | None = None, min_free_mb: 
                 )
             continue
         try:
-            _probe_write(path)
+            storage.probe_write(path)
         except OSError as e:
             raise ConfigError(
                 f"{name} {path!r} is not writable ({e.strerror or e}); choose a directory "

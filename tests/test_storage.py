@@ -43,6 +43,8 @@ def test_write_read_list_and_remove_alike(root):
     assert storage.size(storage.join(root, "sub", "b.bin")) == 100
     assert storage.read_range(storage.join(root, "sub", "b.bin"), 10, 5) == bytes(range(10, 15))
     assert storage.listdir(root) == ["a.txt", "sub"]
+    storage.probe_write(root, ".probe")  # written and gone again
+    assert storage.listdir(root) == ["a.txt", "sub"]
     assert storage.file_sizes(root) == {"a.txt": 5, os.path.join("sub", "b.bin"): 100}
     with storage.open_file(storage.join(root, "sub", "b.bin")) as f:
         f.seek(98)

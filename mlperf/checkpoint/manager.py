@@ -275,19 +275,14 @@ class Checkpointer:
         timeout minutes later. An object store takes the probe object; it has no free
         space to check (validate.check_workdir says so at start)."""
         directory, path = self.cfg.directory, self.step_path(step)
-        probe = storage.join(directory, f".write_probe_{jax.process_index()}_{os.getpid()}")
-        if storage.is_url(directory):
-            storage.write_bytes(probe, b"\0" * 4096)  # StorageError names store and path
-            storage.remove(probe)
-            return
         try:
-            with open(probe, "wb") as f:
-                f.write(b"\0" * 4096)
-                f.flush()
-                os.fsync(f.fileno())
-            os.remove(probe)
+            storage.probe_write(directory, f".write_probe_{jax.process_index()}_{os.getpid()}")
+        except storage.StorageError:
+            raise  # names the store and the path itself
         except OSError as e:
             raise OSError(e.errno, e.strerror, path) from e
+        if storage.is_url(directory):
+            return
         committed = [s for s in committed_steps(directory) if s != step]
         need = directory_bytes(self.step_path(committed[-1])) if committed else 0
         free = shutil.disk_usage(directory).free
