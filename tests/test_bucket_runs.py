@@ -6,6 +6,7 @@ save; hosts that see different checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -54,18 +56,25 @@ def _committed(server: GcsServer, prefix: str) -> list[int]:
     return sorted(int(s) for s in steps if s.isdigit() and f"checkpoints/{s}{marker}" in names)
 
 
-def _read(server: GcsServer, url: str, tmp_path) -> str:
-    """An object's text, through the project's own path layer in a subprocess-free way."""
-    local = tmp_path / f"copy-{abs(hash(url))}"
-    env = {k: v for k, v in os.environ.items()}
+@contextlib.contextmanager
+def _clients_on(server: GcsServer) -> Iterator[None]:
+    """This process's path layer pointed at `server` for the block (then restored)."""
+    saved = dict(os.environ)
     os.environ.update(server.env())
+    _fresh_gcsfs()
     try:
-        _fresh_gcsfs()
-        storage.download(url, str(local))
+        yield
     finally:
         os.environ.clear()
-        os.environ.update(env)
+        os.environ.update(saved)
         _fresh_gcsfs()
+
+
+def _read(server: GcsServer, url: str, tmp_path) -> str:
+    """An object's text, read through the project's own path layer."""
+    local = tmp_path / f"copy-{abs(hash(url))}"
+    with _clients_on(server):
+        storage.download(url, str(local))
     return local.read_text()
 
 
@@ -168,7 +177,7 @@ def test_two_processes_save_to_the_bucket_and_one_process_resumes_resharded(
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _committed(server, "procs") == list(range(EVERY, STEPS + 1, EVERY))
     # The checkpoints after step 6 lost: one process of 8 devices resumes from step 6.
-    _delete_checkpoints_after(server, f"{url}/checkpoints", 6, tmp_path)
+    _delete_checkpoints_after(server, f"{url}/checkpoints", 6)
     proc = _run(train, cwd=tmp_path, env=_env(server, 8))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"resuming from {url}/checkpoints/6 (step 6)" in proc.stdout
@@ -181,18 +190,11 @@ def test_two_processes_save_to_the_bucket_and_one_process_resumes_resharded(
     )
 
 
-def _delete_checkpoints_after(server: GcsServer, directory: str, step: int, tmp_path) -> None:
-    env = dict(os.environ)
-    os.environ.update(server.env())
-    try:
-        _fresh_gcsfs()
+def _delete_checkpoints_after(server: GcsServer, directory: str, step: int) -> None:
+    with _clients_on(server):
         for name in storage.listdir(directory):
             if name.isdigit() and int(name) > step:
                 storage.rmtree(storage.join(directory, name))
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
-        _fresh_gcsfs()
 
 
 def _losses(jsonl: str) -> dict[int, float]:
