@@ -46,14 +46,12 @@ class RunLog:
     def __init__(self, workdir: str, is_main: bool, resuming: bool = False):
         self.workdir, self.is_main, self.resuming = workdir, is_main, resuming
         self.staged = StagedWorkdir(workdir)
-        if is_main:  # the bucket's copies (a resumed run) or none (a new run)
-            for name in (MLLOG, METRICS):
-                if resuming:
-                    self.staged.pull(name)
-                else:
-                    self.staged.discard(name)
-            if not resuming:  # an earlier run's events must not be uploaded into this one
-                self.staged.discard(TENSORBOARD)
+        # A resumed run starts from the bucket's copies; a new one from none (an earlier
+        # run's staged files must not be uploaded into this one).
+        if is_main and resuming:
+            self.staged.pull(MLLOG, METRICS)
+        elif is_main:
+            self.staged.discard(MLLOG, METRICS, TENSORBOARD)
         # The files written (local; in the staging folder for a bucket)...
         self.mllog_path = self.staged.path(MLLOG)
         self.metrics_path = self.staged.path(METRICS)

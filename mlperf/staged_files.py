@@ -43,23 +43,25 @@ class StagedWorkdir:
         """WORKDIR/`rel` itself (a URL for a remote work directory)."""
         return storage.join(self.workdir, rel)
 
-    def pull(self, rel: str) -> bool:
-        """Replaces the local copy of the file `rel` with the work directory's (removes it
-        when the work directory has none); True if there was one. Local: no-op."""
+    def pull(self, *rels: str) -> None:
+        """Replaces the local copy of each file `rel` with the work directory's (removes it
+        when the work directory has none). Local: nothing to do."""
         if not self.remote:
-            return os.path.exists(self.path(rel))
-        local = self.path(rel)
-        if storage.exists(self.url(rel)):
-            storage.download(self.url(rel), local)
-            self._mark_sent(local)
-            return True
-        self.discard(rel)
-        return False
+            return
+        for rel in rels:
+            local = self.path(rel)
+            if storage.exists(self.url(rel)):
+                storage.download(self.url(rel), local)
+                self._sent[local] = self._stamp(local)
+            else:
+                self.discard(rel)
 
-    def discard(self, rel: str) -> None:
-        """Removes a stale local copy (a new run in a remote work directory starts empty);
+    def discard(self, *rels: str) -> None:
+        """Removes stale local copies (a new run in a remote work directory starts empty);
         never touches a local work directory."""
-        if self.remote:
+        if not self.remote:
+            return
+        for rel in rels:
             local = self.path(rel)
             if os.path.isdir(local):
                 shutil.rmtree(local, ignore_errors=True)
@@ -67,14 +69,13 @@ class StagedWorkdir:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(local)
 
-    def push(self, *rels: str, strict: bool = False, force: bool = False) -> bool:
+    def push(self, *rels: str, force: bool = False) -> bool:
         """Uploads every file under each `rel` that changed since it was last uploaded.
         A failure is one warning line (once until an upload succeeds again) and False, and
-        the next RETRY_AFTER_S seconds of pushes are skipped unless `force`d; `strict`
-        raises it instead (storage.StorageError)."""
+        the next RETRY_AFTER_S seconds of pushes are skipped unless `force`d."""
         if not self.remote:
             return True
-        if not (force or strict) and time.monotonic() < self._retry_at:
+        if not force and time.monotonic() < self._retry_at:
             return False
         try:
             for rel in rels:
@@ -85,8 +86,6 @@ class StagedWorkdir:
                         storage.upload(local, storage.join(self.workdir, *relpath.split(os.sep)))
                         self._sent[local] = stamp
         except OSError as e:
-            if strict:
-                raise
             self._retry_at = time.monotonic() + RETRY_AFTER_S
             if not self._failing:
                 self._failing = True
@@ -95,9 +94,6 @@ class StagedWorkdir:
         self._failing = False
         self._retry_at = 0.0
         return True
-
-    def _mark_sent(self, local: str) -> None:
-        self._sent[local] = self._stamp(local)
 
     @staticmethod
     def _stamp(local: str) -> tuple[int, int]:
