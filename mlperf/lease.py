@@ -8,7 +8,7 @@ renewing, so its lease expires `TTL_S` after the last renewal; on the holder's o
 a dead pid frees the lease at once.
 
 The lease is a series of small JSON files, WORKDIR/lease/<n>.json, each created with the
-store's atomic create (`storage.create_exclusive`: a local O_EXCL open, an object upload
+store's atomic create (`storage.create_exclusive`: a local hard link, an object upload
 with generation precondition 0), so of two runs that find lease n expired only one
 creates n + 1. The newest file is the lease; its holder rewrites it to renew it and marks
 it released at the end. A holder that finds a newer file than its own has lost the
@@ -148,17 +148,11 @@ def _sequence(workdir: str) -> list[int]:
 
 
 def _read(workdir: str, seq: int) -> Holder | None:
-    """The holder in lease file `seq`; None when it is gone or unreadable (a file caught
-    between its creation and its first write is read again once)."""
-    for attempt in range(2):
-        try:
-            return Holder.from_json(storage.read_bytes(_path(workdir, seq)))
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError):
-            if attempt == 0:
-                time.sleep(0.2)
-    return None
+    """The holder in lease file `seq`; None when it is gone or unreadable."""
+    try:
+        return Holder.from_json(storage.read_bytes(_path(workdir, seq)))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
 
 
 def current(workdir: str) -> tuple[int, Holder | None] | None:
