@@ -193,7 +193,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         c.optimizer.update(
             name="sgd",
             momentum=0.9,
-            learning_rate=16.0,  # the "base lr 16"
+            learning_rate=16.0,  # the MLPerf reference's base learning rate
             warmup_steps=750,
             warmup_factor=0.0002048,
             lr_drop_epochs=(64, 80),  # steps 1833 and 2291 at GBS 4096

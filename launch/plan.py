@@ -62,7 +62,7 @@ def _define_flags() -> dict[str, Any]:
         "micro": flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps."),
         "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
         "seed_study": flags.DEFINE_bool(
-            "seed_study", False, "The seed paper's T4-cluster study (Lin et al.) from the model."
+            "seed_study", False, "Lin et al.'s T4-cluster study (arXiv 2008.00177) from the model."
         ),
         "scale_study": flags.DEFINE_bool(
             "scale_study", False, "COMET's study: 10B/100B/1T BERT over splits on 4096 chips."

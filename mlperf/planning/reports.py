@@ -13,9 +13,9 @@ import copy
 import importlib
 from typing import Any
 
-# Google's MLPerf Training v0.7 results on TPU v3 (closed division), as given in the
-# issue: chips, minutes converted to seconds, and where known the steps to target and
-# the measured time per step from the result logs: BERT 48.1 ms, the device's pace from
+# Google's published MLPerf Training v0.7 results on TPU v3 (closed division): chips,
+# minutes converted to seconds, and where known the steps to target and the measured
+# time per step from the result logs: BERT 48.1 ms, the device's pace from
 # the spacing of its eval_accuracy lines (median over the 10 runs; its block_start/stop
 # give 17.0 ms, the host's asynchronous dispatch pace: mlperf/mllog_pace.py), Transformer
 # 3.35 s per epoch of 566,340 samples at global batch 2048 (12.1 ms; both clocks agree),
@@ -31,7 +31,7 @@ PUBLISHED_V07: dict[str, dict[str, Any]] = {
 # about 70% weak-scaling efficiency for BERT-large with gradient accumulation on 32 nodes
 # x 8 T4s). The full study (time and cost to pretrain) is `mlperf.planning.seed_study`.
 SEED_BERT_CLUSTER = {"cluster": "t4x8x32-10gbe", "weak_scaling_efficiency": 0.70}
-# What the seed row assumes about the run (phase-1 BERT-large, sequence 128): the seed's 4
+# What the Lin et al. row assumes about the run (phase-1 BERT-large, sequence 128): their 4
 # accumulation steps and fp16 gradients; 32 examples per T4 per microbatch is this
 # planner's assumption (the paper's value is not recorded here).
 SEED_ASSUMPTIONS = {
@@ -176,7 +176,7 @@ def honesty_rows(
     proxy: str = "", seed: bool = True, benchmarks: tuple[str, ...] | None = None
 ) -> list[dict[str, Any]]:
     """Predicted v0.7 times to train (config's own mesh, compiled for the published chip
-    count) beside the published ones, and the seed cluster's weak-scaling efficiency.
+    count) beside the published ones, and the weak-scaling efficiency of Lin et al.'s T4 cluster.
 
     `proxy` (e.g. "v3:4x4") compiles the same per-core program on a small slice instead:
     the global batch scaled so each core keeps its published share. It is for machines
@@ -232,7 +232,7 @@ def honesty_rows(
 
 
 def seed_row(config=None, costs: dict | None = None) -> dict[str, Any]:
-    """The planner's weak-scaling efficiency for the seed paper's T4 cluster (BERT-large
+    """The planner's weak-scaling efficiency for Lin et al.'s T4 cluster (BERT-large
     unless `config` is given; `costs` skips the reference compile)."""
     from configs.bert import get_config
 
@@ -250,7 +250,7 @@ def seed_row(config=None, costs: dict | None = None) -> dict[str, Any]:
     )
     full = rows[-1]
     return {
-        "benchmark": "bert (seed: Lin et al.)",
+        "benchmark": "bert (Lin et al.)",
         "chips": full["devices"],
         "status": "predicted",
         "published_efficiency": SEED_BERT_CLUSTER["weak_scaling_efficiency"],

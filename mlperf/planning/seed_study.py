@@ -1,4 +1,4 @@
-"""The seed paper's cluster study regenerated from the model: `launch.plan --seed_study`.
+"""Lin et al.'s cluster study regenerated from the model: `launch.plan --seed_study`.
 
 Lin et al., "Multi-node BERT pretraining: cost-efficient approach" (arXiv 2008.00177,
 2020) pretrain BERT-large on 32 nodes x 8 NVIDIA T4 joined by 10 Gb/s Ethernet with
@@ -15,22 +15,22 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-# The seed's published figures (nothing else here is published by it).
+# The paper's published figures (nothing else here is published by it).
 SEED_PUBLISHED = {
     "weak_scaling_efficiency": 0.70,
     "pretrain_days": 12.0,
     "source": "Lin et al. 2020 (arXiv 2008.00177): ~70% weak scaling, 12 days",
 }
 # The study's inputs. `micro`, `grad_reduce_dtype`, the phases' sequence lengths and the
-# cluster are the seed's stated setup; the rest are this planner's assumptions, named as
+# cluster are the paper's stated setup; the rest are this planner's assumptions, named as
 # such in the printed table.
 SEED_STUDY: dict[str, Any] = {
-    "cluster": "t4x8x32-10gbe",  # the seed's: 32 nodes x 8 T4, 10 Gb/s Ethernet
+    "cluster": "t4x8x32-10gbe",  # the paper's: 32 nodes x 8 T4, 10 Gb/s Ethernet
     "nodes": (1, 8, 32),
-    "micro": 4,  # the seed's gradient accumulation steps
-    "grad_reduce_dtype": "float16",  # the seed's fp16 gradients
+    "micro": 4,  # the paper's gradient accumulation steps
+    "grad_reduce_dtype": "float16",  # the paper's fp16 gradients
     # Examples per phase: the LAMB recipe (You et al. 2019: 7,038 steps x 65,536 at
-    # sequence 128, then 1,563 x 32,768 at 512), an assumption: the seed's own sample
+    # sequence 128, then 1,563 x 32,768 at 512), an assumption: the paper's own sample
     # count is not recorded here. Examples per T4 per microbatch: assumed (4,096 tokens).
     "phases": (
         {
@@ -159,7 +159,7 @@ def seed_study_text(r: dict[str, Any]) -> str:
         "Assumptions:",
         f"- cluster: {s['cluster']} (parallel/hardware.py CLUSTERS); peaks as published, "
         "no overlap of compute and communication",
-        f"- seed's setup: {s['micro']} accumulation steps, {s['grad_reduce_dtype']} "
+        f"- Lin et al.'s setup: {s['micro']} accumulation steps, {s['grad_reduce_dtype']} "
         "gradient all-reduce, phases at sequence "
         + " and ".join(str(p["seq_length"]) for p in s["phases"]),
         "- examples per phase (LAMB recipe, assumed): "
