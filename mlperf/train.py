@@ -79,7 +79,15 @@ def run(
     need = free_space_needed(ckpt_cfg.directory) if ckpt_cfg.enabled else FIRST_RUN_BYTES
     check_workdir(workdir, ckpt_cfg.directory if ckpt_cfg.enabled else None, -(-need // (1 << 20)))
     # One run per work directory (mlperf/lease.py); what it holds is read once it is ours.
+    # It is held until result.json is written, and freed on every way out.
     lease = hold_workdir(workdir)
+    try:
+        return _run_holding_lease(config, workdir, ckpt_cfg, allowed, profile_steps, init_wall)
+    finally:
+        lease.release()
+
+
+def _run_holding_lease(config, workdir, ckpt_cfg, allowed, profile_steps, init_wall):
     newest = newest_checkpoint(ckpt_cfg)
     resuming = newest is not None
     is_main = jax.process_index() == 0
@@ -207,7 +215,6 @@ def run(
                 except CheckpointSaveError as e:
                     if loop.status != keys.ABORTED:
                         loop.save_failed(e)
-        lease.release()
     s = loop.s
     run_time = loop.elapsed_before + time.perf_counter() - loop.start
     status = loop.status if s.reached or loop.status == "preempted" else keys.ABORTED

@@ -114,3 +114,25 @@ def test_the_exit_code_of_a_lost_lease_is_the_cli_one():
     from launch.cli import EXIT_WORKDIR_HELD
 
     assert lease.EXIT_LEASE_LOST == EXIT_WORKDIR_HELD
+
+
+def test_a_run_holds_its_lease_until_result_json_is_written_and_frees_it_on_an_error(
+    tmp_path, monkeypatch
+):
+    from conftest import small_bert_config
+
+    from mlperf import train
+
+    workdir = str(tmp_path / "run")
+    config = small_bert_config(**{"train.steps": 2, "mesh.ici_shape": (8, 1)})
+    held_at_write = []
+
+    def write_result(path, result):
+        held_at_write.append(lease.held_by(path))
+        raise RuntimeError("result.json failed")
+
+    monkeypatch.setattr(train, "write_result", write_result)
+    with pytest.raises(RuntimeError, match="result.json failed"):
+        train.run(config, workdir)
+    assert held_at_write[0] is not None and held_at_write[0].pid == os.getpid()
+    assert lease.held_by(workdir) is None  # released although write_result raised
