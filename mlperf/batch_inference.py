@@ -40,11 +40,8 @@ class BatchRunner:
         self._compiled = partitioner.jit(program, in_shardings=(param_shardings, None))
 
     def batch_multiple(self) -> int:
-        """Rows of a batch must be a multiple of this: the mesh axes `batch` is split over."""
-        mesh = self.trained.partitioner.mesh
-        spec = self.trained.partitioner.batch_spec(1)[0]
-        axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
-        return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+        """Rows of a batch must be a multiple of this: the ways `batch` is split."""
+        return self.trained.partitioner.batch_shards()
 
     def batch_size(self, wanted: int) -> int:
         """`wanted` rows rounded up to a whole number of rows per data shard."""

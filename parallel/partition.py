@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -222,6 +223,13 @@ class Partitioner:
     # ---- data --------------------------------------------------------------------------
     def batch_spec(self, ndim: int) -> PartitionSpec:
         return self.spec(("batch",) + (None,) * (ndim - 1))
+
+    def batch_shards(self) -> int:
+        """How many ways a batch's rows are split (the mesh axes `batch` maps to): a
+        global batch must hold a multiple of this many rows."""
+        mapped = self.batch_spec(1)[0]
+        names = () if mapped is None else (mapped,) if isinstance(mapped, str) else mapped
+        return math.prod(self.axis_sizes[name] for name in names)
 
     def constrain_batch(self, x: jax.Array) -> jax.Array:
         """Keeps an array's leading (batch) dimension sharded like the input batch."""

@@ -81,6 +81,11 @@ def test_data_layout_and_host_to_global(devices):
         partitioner.host_to_global({"x": host["x"][:8]}, layout)
 
 
+@pytest.mark.parametrize("shape, shards", [((2, 4), 2), ((8, 1), 8), ((1, 8), 1)])
+def test_batch_shards_is_the_data_axis_size(devices, shape, shards):
+    assert Partitioner(build_mesh(("data", "model"), shape)).batch_shards() == shards
+
+
 def test_weight_update_sharding_adds_the_data_axis(devices):
     partitioner = Partitioner(build_mesh(("data", "model"), (2, 4)))
     # A free dimension divisible by the data size takes the data axis.
