@@ -1,6 +1,8 @@
 """Whole runs with the work directory in a bucket, on a real GCS-protocol server
-(fake-gcs-server on 127.0.0.1, tests/gcs_server.py): a run to its target whose logs,
-result and checkpoints are objects; SIGKILL and an exact resume from the bucket; two
+(fake-gcs-server on 127.0.0.1, launch/gcs_emulator.py): bert:tiny to its target, whose
+logs, result and checkpoints are objects and whose MLPerf log passes the compliance
+checker but for BERT-large's target (`make quality` runs the same config to its target
+in a local folder); SIGKILL and an exact resume from the bucket; two
 processes saving and one process resuming resharded; the server gone in the middle of a
 save; hosts that see different checkpoints."""
 
@@ -22,12 +24,28 @@ import pytest
 from conftest import REPO, compliance_check, cpu_env, tiny_train_command
 from tiny_bert_runs import EVERY, OVERRIDES, STEPS
 
+from configs.bert import get_config
 from input_pipeline import storage
 from launch.gcs_emulator import GcsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bucket")]
 
 BUCKET = "multipod-test"
+# What every result.json holds (docs/benchmarks.md, "What a run writes").
+RESULT_KEYS = {
+    "benchmark",
+    "variant",
+    "steps",
+    "samples",
+    "reached_target",
+    "time_to_target_s",
+    "train_loss",
+    "eval",
+    "mesh",
+    "devices",
+    "processes",
+    "params_fingerprint",
+}
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +145,10 @@ def test_tiny_bert_reaches_its_target_with_everything_in_the_bucket(server, tmp_
     assert committed, names
     result = json.loads(_read(server, f"{url}/result.json", tmp_path))
     assert result["reached_target"] and result["mllog"] == f"{url}/mllog.txt"
+    assert RESULT_KEYS <= set(result), sorted(RESULT_KEYS - set(result))
+    assert result["eval"]["mlm_accuracy"] >= get_config("tiny").train.target
+    assert result["mesh"] == {"data": 2, "model": 4} and result["devices"] == 8
+    assert len(result["params_fingerprint"]) == 64
     mllog = tmp_path / "mllog.txt"
     mllog.write_text(_read(server, f"{url}/mllog.txt", tmp_path))
     output, failures = compliance_check(mllog)
