@@ -1,7 +1,8 @@
 """BERT pretraining configs: `--config configs/bert.py:<variant>`.
 
 Variants: tiny (embedded stdlib-docstring corpus, CPU, minutes; `make run`),
-wikitext (WikiText-2 + tiny-shakespeare with the real bert-base-uncased vocab),
+wikitext (WikiText-2 + tiny-shakespeare with the real bert-base-uncased vocab, under
+data.data_dir),
 tiny_tfrecord (the tiny model on the committed reference-format TFRecord fixture),
 base, large, mlperf_v07 (Google's MLPerf v0.7 JAX run: BERT-large, GBS 8192, LAMB);
 base, large and mlperf_v07 read the MLPerf reference's TFRecords from data.data_dir.
@@ -220,7 +221,6 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         )
         c.data.update(
             corpus="files",
-            data_dir="../shared/data",
             train_files=("wikitext2_valid_test/valid.txt", "tinyshakespeare/input.txt"),
             eval_files=("wikitext2_valid_test/test.txt",),
             vocab_file="bert_base_uncased_vocab/vocab.txt",

@@ -1,10 +1,10 @@
 """Mask R-CNN configs: `--config configs/maskrcnn.py:<variant>`.
 
 Variants: tiny (procedural shapes with masks, embedded, CPU minutes), coco128 (the person
-class of 128 real COCO images from ../shared/data, a fixed 32-image eval split), mlperf_v07
-(ResNet-50-FPN at 1344 px, global batch 256, SGD momentum 0.9, L2 1e-4, COCO 2017 from
-a data dir the user supplies, backbone from torchvision's ImageNet ResNet-50 given with
---config.init.backbone_checkpoint; targets box mAP 0.377 and mask mAP 0.339;
+class of 128 real COCO images, `coco128_seg/` under data.data_dir, a fixed 32-image eval
+split), mlperf_v07 (ResNet-50-FPN at 1344 px, global batch 256, SGD momentum 0.9, L2 1e-4,
+COCO 2017 from a data dir the user supplies, backbone from torchvision's ImageNet ResNet-50
+given with --config.init.backbone_checkpoint; targets box mAP 0.377 and mask mAP 0.339;
 docs/official-inputs-vision.md).
 """
 
@@ -156,7 +156,6 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         # flip and scale jitter: ~133 epochs in 800 steps on CPU.
         c.data.update(
             source="coco",
-            data_dir="../shared/data",
             annotations="coco128_seg/annotations/instances_train2017.json",
             images_dir="coco128_seg/images",
             eval_annotations="",

@@ -1,7 +1,7 @@
 """SSD (ResNet-34) configs: `--config configs/ssd.py:<variant>`.
 
 Variants: tiny (the embedded procedural shapes set at 128x128 with a slim backbone,
-CPU, minutes), coco128 (the person class of ../shared/data/coco128_seg, a fixed
+CPU, minutes), coco128 (the person class of `coco128_seg/` under data.data_dir, a fixed
 96/32 split of its image ids, from scratch), mlperf_v07 (Google's MLPerf v0.7 JAX run:
 SSD300, global batch 4096, 4-way spatial partitioning, target 0.23 mAP on COCO 2017 from a
 folder the user supplies with --config.data.data_dir, starting from torchvision's ImageNet
@@ -148,7 +148,6 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         _slim(c)
         c.data.update(
             source="coco",
-            data_dir="../shared/data",
             annotations="coco128_seg/annotations/instances_train2017.json",
             images_dir="coco128_seg/images",
             eval_count=32,

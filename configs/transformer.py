@@ -1,7 +1,7 @@
 """Transformer translation configs: `--config configs/transformer.py:<variant>`.
 
 Variants: tiny (embedded English -> German task, CPU, minutes; `make quality`),
-multi30k (Multi30k En-De from ../shared/data; `make quality-real`), base, big,
+multi30k (Multi30k En-De, `multi30k/` under data.data_dir; `make quality-real`), base, big,
 tiny_tfrecord (the tiny model on the committed reference-format TFRecord fixture),
 mlperf_v07 (Google's MLPerf v0.7 JAX run: big model, 2048 packed 256-token rows, Adam,
 target BLEU 25.0 (the reference's uncased BLEU) on the reference's preprocessed WMT
@@ -187,7 +187,6 @@ def get_config(arg: str = "tiny") -> ConfigDict:
         )
         c.data.update(
             corpus="files",
-            data_dir="../shared/data",
             train_files=("multi30k/train.en", "multi30k/train.de"),
             eval_files=("multi30k/val.en", "multi30k/val.de"),
             vocab_size=4000,

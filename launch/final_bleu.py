@@ -1,7 +1,7 @@
 """Final BLEU of a finished Transformer run on whole eval sets (`eval.final_sets`).
 
     python -m launch.final_bleu --config configs/transformer.py:multi30k \\
-        --workdir W [--config.data.data_dir=/work/shared/data] [--sets val,test]
+        --workdir W --config.data.data_dir=DIR [--sets val,test]
 
 restores the newest checkpoint in W (the run's last step: the loop checkpoints at every
 eval and the last step is an eval), writes W/final_bleu.json, appends one
@@ -27,10 +27,15 @@ def main(argv: list[str]) -> None:
     from mlperf.checkpoint import CheckpointConfig, Checkpointer
     from mlperf.trainer import build_trainer
     from mlperf.transformer.final_bleu import evaluate_sets, record
+    from mlperf.validate import ConfigError, check_data_dir
 
     config, workdir = _CONFIG.value, _WORKDIR.value
     if config is None or not workdir:
         raise app.UsageError("--config and --workdir are required.")
+    try:
+        check_data_dir(config)  # the eval sets are files under data.data_dir
+    except ConfigError as e:
+        raise SystemExit(f"final_bleu: {e}") from None
     # The layout only: the model's vocabulary size is the config's, rounded up as in training.
     trainer = build_trainer(config, prepare_data=False)
     checkpointer = Checkpointer(

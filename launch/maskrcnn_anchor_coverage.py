@@ -2,7 +2,8 @@
 settings (mlperf/maskrcnn/anchor_coverage.py): one JSON line of box sizes, then one per
 (num_scales, anchor_scale).
 
-    python -m launch.maskrcnn_anchor_coverage --config configs/maskrcnn.py:coco128
+    python -m launch.maskrcnn_anchor_coverage --config configs/maskrcnn.py:coco128 \\
+        --config.data.data_dir=DIR
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ml_collections import config_flags
 
 from mlperf.maskrcnn.anchor_coverage import coverage, size_summary, train_gt_boxes
 from mlperf.maskrcnn.boxes import AnchorConfig, all_anchors
+from mlperf.validate import ConfigError, check_data_dir
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A Mask R-CNN config.")
 _SCALES = flags.DEFINE_list("anchor_scales", ["2", "3", "4", "6", "8"], "anchor_scale values.")
@@ -25,6 +27,10 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
+    try:
+        check_data_dir(config)
+    except ConfigError as e:
+        raise SystemExit(f"maskrcnn_anchor_coverage: {e}") from None
     gt, ratios = train_gt_boxes(config)
     size = (config.data.image_size, config.data.image_size)
     print(json.dumps({"sizes": size_summary(gt)}), flush=True)

@@ -1,8 +1,9 @@
-"""Bad inputs that used to crash inside libraries end in one line naming the file or key and
-what is allowed, before any data is built."""
+"""Bad inputs (which would otherwise fail deep inside a library) end in one line naming the
+file or key and what is allowed, before any data is built."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from conftest import REPO
 
 from configs import bert
 from input_pipeline import bert_data, documents, tokenizer
-from mlperf.validate import ConfigError, check_cache_dir, validate
+from mlperf.validate import ConfigError, check_cache_dir, check_data_dir, validate
 
 
 def _tiny():
@@ -66,6 +67,43 @@ def test_read_only_cache_dir_is_named(tmp_path):
     check_cache_dir(config)
 
 
+def _config(module: str, variant: str):
+    return importlib.import_module(f"configs.{module}").get_config(variant)
+
+
+@pytest.mark.parametrize(
+    "module, variant, key",
+    [
+        ("bert", "wikitext", "train_files"),
+        ("transformer", "multi30k", "train_files"),
+        ("transformer", "base", "train_files"),
+        ("ssd", "coco128", "annotations"),
+        ("maskrcnn", "coco128", "annotations"),
+        ("maskrcnn", "mlperf_v07", "annotations"),
+    ],
+)
+def test_a_variant_reading_files_needs_data_dir(tmp_path, module, variant, key):
+    config = _config(module, variant)
+    assert config.data.data_dir == ""  # no config defaults to a folder outside the repo
+    with pytest.raises(ConfigError) as e:
+        check_data_dir(config)
+    message = str(e.value)
+    assert "\n" not in message and f"data.{key}" in message
+    assert "data.data_dir is not set" in message and "--config.data.data_dir=DIR" in message
+    config.data.data_dir = str(tmp_path)
+    check_data_dir(config)
+
+
+def test_embedded_sets_and_absolute_paths_need_no_data_dir(tmp_path):
+    for module in ("bert", "transformer", "ssd", "maskrcnn"):
+        check_data_dir(_config(module, "tiny"))
+    config = _config("bert", "wikitext")
+    data = config.data
+    data.train_files, data.eval_files = (str(tmp_path / "a.txt"),), ("~/b.txt",)
+    data.vocab_file = str(tmp_path / "vocab.txt")
+    check_data_dir(config)
+
+
 @pytest.mark.parametrize(
     "key, value, message",
     [
@@ -116,6 +154,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (
             ["--config", "configs/bert.py:nonesuch"],
             "unknown bert variant 'nonesuch'",
+        ),
+        (
+            ["--config", "configs/bert.py:wikitext"],
+            "data.data_dir is not set, and data.train_files",
         ),
     ],
 )
