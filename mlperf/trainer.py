@@ -13,14 +13,12 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
-from mlperf.evaluate import evaluate_sets
 from mlperf.optimizer import build_optimizer
 from mlperf.pretrained import Pretrained
 from mlperf.steps import batch_abstract, make_train_step
-from mlperf.task import EvalPlan, Phase, Task
+from mlperf.task import Phase, Task
 from mlperf.tasks import get_task
 from mlperf.train_state import (
     StateLayout,
@@ -60,14 +58,8 @@ class Trainer:
 
     data_prep_s: float = 0.0  # time build_trainer spent preparing the data
 
-    @property
-    def eval_plan(self) -> EvalPlan:
-        """The in-loop eval's batch (`Task.eval_plan`)."""
-        return self.task.eval_plan()
-
-    def jitted_train_step(self, microbatches: int | None = None):
-        """The train step, jitted with state/batch shardings and state donation; it
-        accumulates gradients over `microbatches` (by default the first phase's)."""
+    def jitted_train_step(self):
+        """The train step, jitted with state/batch shardings and state donation."""
         reduction = GradReduction.from_config(self.config.parallel)
         step = make_train_step(
             self.task,
@@ -75,7 +67,7 @@ class Trainer:
             self.partitioner,
             self.tx,
             self.schedule,
-            microbatches or self.phases[0].microbatches,
+            self.config.train.microbatches,
             reduction,
         )
         return self.partitioner.jit(
@@ -95,8 +87,7 @@ class Trainer:
         key = jax.ShapeDtypeStruct(
             (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
         )
-        step = self.jitted_train_step(phase.microbatches)
-        traced = step.trace(self.layout.abstract_train_state, abstract, key)
+        traced = self.jitted_train_step().trace(self.layout.abstract_train_state, abstract, key)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
     def init_state(self):
@@ -110,25 +101,6 @@ class Trainer:
         if pretrained is not None:
             state = load_params(state, pretrained.read(), self.tx, self.layout, self.partitioner)
         return state
-
-    def eval_data(self, task: Task | None = None) -> list[dict[str, np.ndarray]]:
-        """This host's batches of `task`'s eval set (by default the run's own task), of
-        the eval plan's global batch size."""
-        size = self.eval_plan.global_batch_size
-        layout = self.partitioner.data_layout(size)
-        return (task or self.task).eval_data(size, layout.shard_index, layout.shard_count)
-
-    def final_eval(self, params) -> dict[str, dict[str, float]]:
-        """The metrics of `params` on each of the task's final eval sets
-        (`Task.final_eval_sets`), e.g. BLEU on whole test sets, once after training;
-        empty for a task without them."""
-        return evaluate_sets(
-            self.task.final_eval_sets(),
-            params,
-            self.layout,
-            self.partitioner,
-            self.eval_plan.global_batch_size,
-        )
 
 
 def build_partitioner(config, devices=None) -> Partitioner:
@@ -149,12 +121,12 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
         devices = select_devices(devices, config.mesh.get("num_devices", 0))
     except MeshShapeError as e:
         raise ConfigError(str(e)) from None
-    task = get_task(config)
-    validate(config, len(devices), task)
+    validate(config, len(devices))
     if prepare_data:
         check_data_dir(config)
         check_cache_dir(config)
     partitioner = build_partitioner(config, devices)
+    task = get_task(config)
     phases = task.phases()
     prepare_start = time.perf_counter()
     if prepare_data:
