@@ -1,23 +1,24 @@
 """Write the README's results table from the quality runs' result.json files.
 
     python -m launch.results_table [--results '/tmp/multipod/quality/*'] [--readme README.md]
-        [--machine "2-core CPU container, 8 fake CPU devices"] [--print_only]
+        [--machine "2-core CPU container, 8 fake CPU devices"] [--print_only] [--allow_mixed]
 
 Replaces the block between the README's results-table markers with one row per run
 (target, reached, time and samples to target, run and init time, date), headed by the
-commit of the working tree and the machine. `make results-table` runs it on the
-`make quality` work directories.
+commit the runs' result.json files record and the machine. Runs from several commits or
+from a tree with uncommitted changes are refused (--allow_mixed: written, with a bold
+line naming each commit). `make results-table` runs it on the `make quality` work
+directories.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from absl import app, flags
 
-from mlperf.results_table import (
+from launch.tables.results import (
     ResultsTableError,
     load_results,
     markdown_table,
@@ -33,22 +34,12 @@ _README = flags.DEFINE_string("readme", "README.md", "Markdown file with the tab
 _MACHINE = flags.DEFINE_string(
     "machine", "", "What the runs ran on (default: this host's cores and the runs' devices)."
 )
-_COMMIT = flags.DEFINE_string("commit", "", "Commit to name (default: git describe of HEAD).")
+_ALLOW_MIXED = flags.DEFINE_bool(
+    "allow_mixed",
+    False,
+    "Write the table even when the runs are not from one clean commit (marked in bold).",
+)
 _PRINT_ONLY = flags.DEFINE_bool("print_only", False, "Print the table; do not write the file.")
-
-
-def head_commit() -> str:
-    """Short hash of HEAD, with `-dirty` when tracked files differ from it."""
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--abbrev=10"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return out.stdout.strip()
 
 
 def default_machine(results: list[dict]) -> str:
@@ -64,8 +55,8 @@ def main(argv: list[str]) -> None:
         results = load_results(_RESULTS.value)
         table = markdown_table(
             results,
-            commit=_COMMIT.value or head_commit(),
             machine=_MACHINE.value or default_machine(results),
+            allow_mixed=_ALLOW_MIXED.value,
         )
         if _PRINT_ONLY.value:
             print(table)

@@ -14,6 +14,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from input_pipeline import storage
+from mlperf.provenance import code_commit
 
 
 def params_fingerprint(params: Any) -> str:
@@ -184,6 +185,10 @@ class RunResult(Mapping):
     goodput: dict[str, Any] = dataclasses.field(default_factory=dict)
     # JAX's persistent cache: directory, hits and misses of this process (None: off).
     compilation_cache: dict[str, Any] | None = None
+    # The code that ran: HEAD's hash and whether tracked files matched it (None: not a
+    # git checkout). Tables written from result.json take their provenance from these.
+    commit: str = dataclasses.field(default_factory=lambda: code_commit()[0])
+    tree_clean: bool | None = dataclasses.field(default_factory=lambda: code_commit()[1])
     final_eval: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:

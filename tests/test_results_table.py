@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlperf.results_table import (
+from launch.tables.results import (
     END_MARKER,
     START_MARKER,
     ResultsTableError,
@@ -38,6 +38,8 @@ def _result(benchmark, variant, reached, metric, value, **extra):
         "mesh": {"data": 8, "model": 1},
         "devices": 8,
         "platform": "cpu",
+        "commit": "abc1234567",
+        "tree_clean": True,
     }
 
 
@@ -57,7 +59,7 @@ def runs(tmp_path):
 
 def test_table_has_one_row_per_run_with_its_numbers(runs):
     results = load_results([str(runs / "quality" / "*")])
-    table = markdown_table(results, commit="abc1234", machine="2-core CPU container")
+    table = markdown_table(results, machine="2-core CPU container")
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert len(rows) == 2
     bert, maskrcnn = rows  # sorted by directory name
@@ -65,20 +67,51 @@ def test_table_has_one_row_per_run_with_its_numbers(runs):
     assert "`maskrcnn:tiny`" in maskrcnn and "yes (0.539 / 0.509)" in maskrcnn
     assert "3,200 (step 200)" in maskrcnn and "49 s" in maskrcnn and "61 s + 30 s" in maskrcnn
     assert "data 8 x model 1" in maskrcnn
-    assert "abc1234" in table and "2-core CPU container" in table
+    # The commit is the one the runs recorded, not the tree that writes the table.
+    assert table.startswith("Commit `abc1234567`, 2-core CPU container;")
+
+
+def _write(runs, name, **changes):
+    path = runs / "quality" / name / "result.json"
+    result = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = value
+    path.write_text(json.dumps(result))
+
+
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"commit": "def4567890"}, "`abc1234567` (1 run), `def4567890` (1 run)"),
+        ({"tree_clean": False}, "`abc1234567` (1 run), `abc1234567-dirty` (1 run)"),
+        ({"commit": None}, "`abc1234567` (1 run), `not recorded` (1 run)"),
+        ({"commit": "unknown (not a git checkout)", "tree_clean": None}, "), `unknown (not"),
+    ],
+)
+def test_runs_not_from_one_clean_commit_are_refused_or_marked(runs, changes, named):
+    _write(runs, "maskrcnn_tiny", **changes)
+    results = load_results([str(runs / "quality" / "*")])
+    with pytest.raises(ResultsTableError, match="not from one clean commit") as error:
+        markdown_table(results, machine="host")
+    assert named in str(error.value) and "\n" not in str(error.value)
+    marked = markdown_table(results, machine="host", allow_mixed=True)
+    assert marked.startswith("**NOT ONE CLEAN COMMIT: ") and named in marked.splitlines()[0]
 
 
 def test_cli_rewrites_only_the_block_between_the_markers(runs):
     readme = runs / "README.md"
     readme.write_text(f"# title\n\nbefore\n{START_MARKER}\nold table\n{END_MARKER}\nafter\n")
     cmd = [sys.executable, "-m", "launch.results_table", f"--readme={readme}"]
-    cmd += [f"--results={runs}/quality/*", "--commit=abc1234", "--machine=test host"]
+    cmd += [f"--results={runs}/quality/*", "--machine=test host"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
     assert "2 runs written" in out.stdout
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n" + START_MARKER + "\n")
     assert text.endswith(END_MARKER + "\nafter\n")
-    assert "old table" not in text and "`maskrcnn:tiny`" in text and "abc1234" in text
+    assert "old table" not in text and "`maskrcnn:tiny`" in text and "abc1234567" in text
     # Run twice: the same file (the block is replaced, not appended to).
     subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
     assert readme.read_text() == text
@@ -93,6 +126,11 @@ def test_missing_results_or_markers_are_one_line_errors(runs, tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1].startswith("results_table: no result.json")
+    _write(runs, "bert_tiny", tree_clean=False)
+    cmd = [sys.executable, "-m", "launch.results_table", f"--results={runs}/quality/*"]
+    out = subprocess.run(cmd + ["--print_only"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1].startswith("results_table: the runs are not")
 
 
 def test_the_readme_holds_one_generated_table():

@@ -2,7 +2,10 @@
 
 `launch.results_table` is the command; this module holds the parts it and its tests use:
 read result.json files, format one markdown table with the date, commit and machine of
-the runs, and put it between two marker lines of a markdown file. No jax: it runs in a
+the runs, and put it between two marker lines of a markdown file. The commit is the one
+each result.json records (the code that ran), never the tree that writes the table: runs
+from several commits, from a tree with uncommitted changes or with no recorded commit
+make no table unless asked to, and then the table says so in bold. No jax: it runs in a
 second.
 """
 
@@ -14,6 +17,8 @@ import json
 import os
 from collections.abc import Sequence
 from typing import Any
+
+from mlperf.provenance import describe
 
 START_MARKER = "<!-- results-table:start (written by `make results-table`; do not edit) -->"
 END_MARKER = "<!-- results-table:end -->"
@@ -101,10 +106,41 @@ def _row(result: dict[str, Any]) -> str:
     )
 
 
-def markdown_table(results: Sequence[dict[str, Any]], commit: str, machine: str) -> str:
-    """The table with a line saying what made it (commit, machine, command)."""
+def _commit_of(result: dict[str, Any]) -> str:
+    """The run's commit as result.json records it (`-dirty` when its tree was not clean)."""
+    if "commit" not in result:
+        return "not recorded"
+    return describe(result["commit"], result.get("tree_clean"))
+
+
+def provenance(results: Sequence[dict[str, Any]], allow_mixed: bool = False) -> str:
+    """The table's commit line: `Commit `abc1234567`` when every run ran one clean commit.
+
+    Otherwise (several commits, a dirty tree, a result.json with no commit or an unknown
+    one) a ResultsTableError, or with `allow_mixed` a bold line naming each commit and
+    how many runs ran it.
+    """
+    commits: dict[str, int] = {}
+    for result in results:
+        commits[_commit_of(result)] = commits.get(_commit_of(result), 0) + 1
+    clean = all(r.get("tree_clean") is True for r in results)
+    if len(commits) == 1 and clean:
+        return f"Commit `{next(iter(commits))}`"
+    listing = ", ".join(f"`{c}` ({n} run{'s' if n > 1 else ''})" for c, n in commits.items())
+    if not allow_mixed:
+        raise ResultsTableError(
+            f"the runs are not from one clean commit ({listing}): rerun `make quality` "
+            "on a committed tree, or pass --allow_mixed to write a table marked as such."
+        )
+    return f"**NOT ONE CLEAN COMMIT: {listing}**"
+
+
+def markdown_table(
+    results: Sequence[dict[str, Any]], machine: str, allow_mixed: bool = False
+) -> str:
+    """The table with a line saying what made it (the runs' commit, machine, command)."""
     lines = [
-        f"Commit `{commit}`, {machine}; written by `make results-table` from the "
+        f"{provenance(results, allow_mixed)}, {machine}; written by `make results-table` from the "
         "result.json of each `make quality` run (time to target counts from MLPerf's "
         "`run_start`; run + init is the loop's run time and the compile / data preparation "
         "before it).",
