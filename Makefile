@@ -5,9 +5,11 @@ PY := $(VENV)/bin/python
 # Two stamps: `make run` needs only the package; the test targets add the `test` extra.
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# Your data folder (a `shared/data` folder beside the checkout by default): the real-data
+# quality runs get it as --config.data.data_dir, the tests that read it as MULTIPOD_DATA_DIR.
 DATA_DIR ?= ../shared/data
 WORKDIR ?= /tmp/multipod
-CPU_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8
+CPU_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 MULTIPOD_DATA_DIR=$(abspath $(DATA_DIR))
 
 .PHONY: run test test-system test-ci-slow test-slow quality quality-real results-table lint format clean
 

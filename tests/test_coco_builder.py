@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import DATA_DIR
 from PIL import Image
 
 from input_pipeline.coco_builder import CocoFolder, prepare_coco
@@ -185,9 +186,9 @@ def test_flip_mirrors_boxes():
 
 
 def test_coco128_person_split(tmp_path):
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "coco128_seg")
+    root = os.path.join(DATA_DIR, "coco128_seg")
     if not os.path.isdir(root):
-        pytest.skip("../shared/data/coco128_seg is not available")
+        pytest.skip(f"{root} is not available (MULTIPOD_DATA_DIR)")
     folder = CocoFolder(
         os.path.join(root, "annotations", "instances_train2017.json"),
         os.path.join(root, "images"),

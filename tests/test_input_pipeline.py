@@ -11,6 +11,7 @@ import sys
 import ml_collections
 import numpy as np
 import pytest
+from conftest import DATA_DIR
 
 from input_pipeline import (
     bert_data,
@@ -22,10 +23,6 @@ from input_pipeline import (
     tokenizer,
 )
 
-DATA_DIR = os.environ.get(
-    "MULTIPOD_DATA_DIR",
-    os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"),
-)
 REAL_VOCAB = os.path.join(DATA_DIR, "bert_base_uncased_vocab", "vocab.txt")
 SPECIAL = tokenizer.SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
 # Pseudo-English vocabulary for generated corpora.
