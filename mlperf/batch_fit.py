@@ -6,7 +6,7 @@ the `data` size, and every global batch (train, phase 2, eval) must be a multipl
 (train batches also of `train.microbatches`). When one is not, `inspect` and `plan` say
 so in one line (`fit_text`) with the nearest valid batches below and above and the
 meshes of the same axes that keep every batch as the config has it; `suggest` picks one
-of those so that a table of published-scale compiles can go on (`mlperf.tpu_table`).
+of those so that a table of published-scale compiles can go on (`launch.tables.tpu`).
 """
 
 from __future__ import annotations

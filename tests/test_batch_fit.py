@@ -18,7 +18,7 @@ from mlperf.batch_fit import (
     use_slices,
 )
 from mlperf.inspection import inspect_config
-from mlperf.tpu_table import row_spec
+from launch.tables.tpu import row_spec
 from mlperf.validate import ConfigError
 
 

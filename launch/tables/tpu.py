@@ -186,7 +186,7 @@ def run_row(
             return cached
     if not compile_missing:
         return {"spec": dataclasses.asdict(spec), "command": command, "error": "not compiled"}
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     start = time.perf_counter()
