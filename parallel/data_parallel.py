@@ -20,7 +20,7 @@ reduced by us:
 
 Gradients are summed in `GradReduction.dtype` (`parallel.grad_reduce_dtype`): float32
 (default), bfloat16 (Google's v0.7 BERT: half the bytes on the wire), or float16 with a
-static loss scale (the seed's T4 cluster): each replica's gradient is multiplied by the
+static loss scale (Lin et al.'s T4 cluster): each replica's gradient is multiplied by the
 scale before the cast so that small values stay representable, and the sum is divided by
 it after the cast back. Microbatch accumulation and the update stay in float32.
 XLA:CPU cannot compile narrow collectives inside this program (its all-reduce promotion

@@ -224,7 +224,7 @@ CLUSTERS: dict[str, Cluster] = {
         32,
         CHIPS["t4"].link_bandwidth,
         10 * GBIT,
-        "the seed paper's cluster (PCIe 3.0 x16 inside a node)",
+        "Lin et al.'s cluster (PCIe 3.0 x16 inside a node)",
     ),
     "dgx-a100x8": Cluster(
         "8 DGX A100 (64 GPUs), 8 x 200 Gb/s HDR InfiniBand per node",

@@ -1,4 +1,4 @@
-"""The issue's headline AOT check: BERT-large (mlperf_v07: 24 stacked layers, GBS 8192,
+"""The headline AOT check: BERT-large (mlperf_v07: 24 stacked layers, GBS 8192,
 seq 512, LAMB, weight-update sharding) compiled by the real TPU compiler (libtpu) for
 the 4096-chip TPU-v3 multipod, v3:64x64 = 8192 cores, at the config's data=2048 x
 model=4 mesh, on this CPU machine. Nothing is allocated."""

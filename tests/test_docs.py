@@ -2,6 +2,7 @@
 
 - every `python -m <module>` in them names an importable module;
 - every relative link names an existing file;
+- no page, results file included, points at a file outside the repository;
 - every test of the techniques table (docs/parallelism.md) exists and runs in the CI
   target its row names: `test` (`make test`: not marked slow), `test-system` or
   `test-ci-slow` (the Makefile's lists), and `.ci/run` runs those targets.
@@ -19,15 +20,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
-# Pages that other features' branches add with their code; linked from the index already.
-PAGES_WRITTEN_WITH_THEIR_FEATURES = {
-    "tpu-generations.md",
-    "official-inputs.md",
-    "official-inputs-vision.md",
-    "pretrained-checkpoints.md",
-    "reliability.md",
-    "multi-host.md",
-}
+RESULTS = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "*.md")))
+# Paths outside the repository that a page must not lead a reader to (a data folder is
+# `DIR` or `DATA_DIR`; papers are cited by authors and title).
+OUTSIDE_REPOSITORY = re.compile(r"\.\./shared|/work/|DESIGN\.md|fixvenv|seed paper")
 
 
 def _read(path: str) -> str:
@@ -60,11 +56,19 @@ def test_every_relative_link_exists(page):
     missing = []
     for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", _read(page)):
         path = os.path.normpath(os.path.join(os.path.dirname(page), target))
-        if os.path.basename(path) in PAGES_WRITTEN_WITH_THEIR_FEATURES:
-            continue
         if not os.path.exists(path):
             missing.append(target)
     assert not missing, f"{_name(page)} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES + RESULTS, ids=_name)
+def test_no_page_points_outside_the_repository(page):
+    hits = [
+        f"line {n}: {line.strip()}"
+        for n, line in enumerate(_read(page).splitlines(), 1)
+        if OUTSIDE_REPOSITORY.search(line)
+    ]
+    assert not hits, f"{_name(page)} points outside the repository: {hits}"
 
 
 def _makefile_list(name: str) -> list[str]:

@@ -246,8 +246,8 @@ def test_seed_study_figures_come_from_its_assumptions():
 
 
 def test_seed_row_and_reference_costs_compile_a_tiny_bert():
-    """The seed row's path end to end on a tiny BERT: two reference compiles (1 and 2
-    examples per core) separate per-example from per-step bytes."""
+    """The Lin et al. row's path (`seed_row`) end to end on a tiny BERT: two reference
+    compiles (1 and 2 examples per core) separate per-example from per-step bytes."""
     config = small_bert_config(**{"data.seq_length": 32, "data.max_predictions": 4})
     costs = plan_reports.reference_costs(config)
     assert costs["flops_per_example"] > 0 and costs["bytes_per_example"] > 0
