@@ -36,6 +36,7 @@ from input_pipeline import (
     tokenizer,
 )
 from input_pipeline.file_lock import file_lock
+from input_pipeline.input_errors import InputError
 
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
 
@@ -114,9 +115,9 @@ def _train_files(data_cfg, cache_dir: str) -> tuple[str, ...]:
             logging.info("Writing the stdlib docstring corpus to %s", path)
         return (stdlib_corpus.write_stdlib_corpus(path),)
     if data_cfg.corpus != "files":
-        raise ValueError(f"data.corpus must be 'stdlib' or 'files', got {data_cfg.corpus!r}")
+        raise InputError(f"data.corpus must be 'stdlib' or 'files', got {data_cfg.corpus!r}")
     if not data_cfg.train_files:
-        raise ValueError("data.corpus='files' needs data.train_files")
+        raise InputError("data.corpus='files' needs data.train_files")
     files = tuple(_resolve(p, data_cfg.data_dir) for p in data_cfg.train_files)
     for path in files:
         if not storage.isfile(path):
@@ -196,7 +197,7 @@ def build_bert_data(
             data_cfg, seq_length, max_predictions, shard_index, shard_count, cache_dir
         )
     if data_format != "text":
-        raise ValueError(
+        raise InputError(
             f"data.format must be 'text' or {bert_tfrecord.FORMAT!r}, got {data_format!r}"
         )
     if data_cfg.vocab_file:  # a bad vocab fails before the corpus is written

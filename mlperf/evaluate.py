@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from input_pipeline.input_errors import InputError
 from mlperf.steps import batch_abstract, make_eval_step, spec_of
 from mlperf.task import Task
 from mlperf.train_state import StateLayout
@@ -47,7 +48,7 @@ class Evaluator:
         global_batch_size: int,
     ):
         if not host_batches:
-            raise ValueError("the eval set is empty: check data.eval_files / eval_fraction.")
+            raise InputError("the eval set is empty: check data.eval_files / eval_fraction.")
         self.task = task
         self.partitioner = partitioner
         self.host_batches = host_batches

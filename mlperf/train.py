@@ -304,7 +304,7 @@ def _allowed_changes(keys_: Sequence[str], config) -> set[str]:
     allowed = {k.strip() for k in keys_ if k.strip()}
     unknown = unknown_allowed_keys(allowed, plain_config(config))
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"--allow_config_change names {', '.join(unknown)}, not a key of this config; "
             "give dotted keys such as optimizer.learning_rate."
         )
