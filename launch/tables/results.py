@@ -159,14 +159,16 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def replace_between_markers(text: str, table: str) -> str:
-    """`text` with everything between START_MARKER and END_MARKER replaced by `table`."""
-    start = text.find(START_MARKER)
-    end = text.find(END_MARKER)
+def replace_between_markers(
+    text: str, table: str, start_marker: str = START_MARKER, end_marker: str = END_MARKER
+) -> str:
+    """`text` with everything between the two marker lines replaced by `table`."""
+    start = text.find(start_marker)
+    end = text.find(end_marker)
     if start < 0 or end < 0 or end < start:
         raise ResultsTableError(
-            f"the file has no {START_MARKER!r} ... {END_MARKER!r} block to replace; "
+            f"the file has no {start_marker!r} ... {end_marker!r} block to replace; "
             "add the two marker lines where the table goes."
         )
-    head = text[: start + len(START_MARKER)]
+    head = text[: start + len(start_marker)]
     return f"{head}\n{table}\n{text[end:]}"

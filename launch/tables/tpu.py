@@ -8,7 +8,9 @@ derives memory per chip, FLOPs, collectives (with those over DCN), the step time
 planner's model (`parallel.costmodel.tpu_step_time`: the compiler's estimate, or the
 roofline plus ICI where libtpu gives none, plus DCN), MFU against the analytic FLOPs,
 time to train (steps x step), chip-hours and list-price dollars.
-`python -m launch.bench tpu` is the command line (launch/bench_tpu.py).
+`python -m launch.bench.tpu` compiles rows into its cache; `python -m launch.tpu_table`
+keeps the summarised rows, each with the commit that compiled it, in the repository
+(docs/results/tpu-table-rows.json) and writes the page from them (launch/tables/tpu_page.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mlperf.planning.reports import PUBLISHED_V07
+from mlperf.provenance import code_commit
 
 MODELS = ("bert", "transformer", "ssd", "maskrcnn")
 GENERATIONS = ("v3", "v4", "v5p", "v5e", "v6e")
@@ -190,10 +193,15 @@ def run_row(
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     start = time.perf_counter()
+    commit, tree_clean = code_commit()  # the subprocess runs this checkout's code
     result: dict[str, Any] = {
         "spec": dataclasses.asdict(spec),
         "command": command,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "commit": commit,
+        "tree_clean": tree_clean,
+        **package_versions(),
+        "machine": f"{os.cpu_count()}-core CPU host",
     }
     try:
         done = subprocess.run(
@@ -219,6 +227,24 @@ def run_row(
     return result
 
 
+def package_versions() -> dict[str, str]:
+    """The installed libtpu and jax versions (the compiler that made a row)."""
+    import importlib.metadata as md
+
+    versions = {}
+    for package in ("libtpu", "jax"):
+        try:
+            versions[package] = md.version(package)
+        except md.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+# What a summarised row carries over from its cached result: when, with which code and
+# compiler it was compiled.
+PROVENANCE = ("date", "commit", "tree_clean", "libtpu", "jax", "machine")
+
+
 def summarise(result: dict[str, Any]) -> dict[str, Any]:
     """The table's figures of one row from its cached result (see the module doc)."""
     from mlperf.planning.search import steps_to_target
@@ -232,7 +258,10 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     per_chip = devices_of(spec.topology) // chips_of(spec.topology)
     chips = chips_of(spec.topology, spec.slices)
     row: dict[str, Any] = {
+        "key": spec.key,
+        **{k: result.get(k) for k in PROVENANCE},
         "model": spec.model,
+        "generation": spec.generation,
         "variant": spec.variant,
         "topology": spec.label,
         "chips": chips,
@@ -296,6 +325,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         step_s=step.total_s,
         step_bounds_s=(step.overlapped_s, step.serial_s),
         compiler_s=step.compiler_s,
+        compiler_estimate=step.compiler_s is not None,
         dcn_s=step.dcn_s,
         step_method=_method(train),
         mfu=analytic / (chips * chip.peak_flops * step.total_s),
@@ -325,7 +355,7 @@ def _step_cell(row: dict[str, Any]) -> str:
     text = f"{row['step_s'] * 1e3:.2f} ms ({row['step_method']}"
     if row.get("step_bounds_s"):
         low, high = (s * 1e3 for s in row["step_bounds_s"])
-        if row.get("compiler_s") is not None:
+        if row["compiler_estimate"]:
             text += f"; roofline {low:.2f} ms with ICI overlapped, {high:.2f} ms serial"
         else:  # the step is the serial figure
             text += f"; {low:.2f} ms with ICI overlapped"
