@@ -11,7 +11,7 @@ DATA_DIR ?= ../shared/data
 WORKDIR ?= /tmp/multipod
 CPU_ENV := JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 MULTIPOD_DATA_DIR=$(abspath $(DATA_DIR))
 
-.PHONY: run test test-system test-ci-slow test-slow quality quality-real results-table lint format clean
+.PHONY: run test test-system test-ci-slow test-slow quality quality-real results-table tpu-table lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,10 @@ quality-real: $(STAMP)
 # The README's results table, from the result.json of every quality run found.
 results-table: $(STAMP)
 	$(PY) -m launch.results_table --results '$(WORKDIR)/quality/*,$(WORKDIR)/quality-real/*' --readme README.md
+
+# docs/tpu-table.md and the README's TPU rows, from docs/results/tpu-table-rows.json.
+tpu-table: $(STAMP)
+	$(PY) -m launch.tpu_table
 
 clean:
 	rm -rf $(VENV) *.egg-info
