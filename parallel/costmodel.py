@@ -3,8 +3,8 @@
 A message costs `alpha + bytes * beta` seconds on one link (alpha: per-message latency,
 beta: seconds per byte). Links are full duplex and a device can drive both of its
 chain/ring neighbours at once. Reduction arithmetic (the "gamma" term) is left out: it
-is the same sum for every algorithm and small next to the network on the paper's
-hardware. P devices, n message bytes, k chunks:
+is the same sum for every algorithm, so it does not change which one is cheapest.
+P devices, n message bytes, k chunks:
 
 | algorithm                | broadcast / reduce           | all-reduce                    |
 |--------------------------|------------------------------|-------------------------------|
@@ -14,7 +14,7 @@ hardware. P devices, n message bytes, k chunks:
 | bidirectional_exchange   | 2 log2(P) alpha + 2(P-1)/P n beta (all three)                |
 
 with L = ceil(log2 P). These are the forms of Wang et al., "Efficient communications
-in training large scale neural networks" (paraphrased from memory): a linear pipeline
+in training large scale neural networks" (docs/design.md, References): a linear pipeline
 streams k chunks down a chain, so after a fill of P - 2 steps one chunk arrives per
 step and the total approaches n*beta whatever P is; a minimum-spanning (binomial) tree
 sends the whole message log P times; bidirectional exchange (recursive halving

@@ -1,7 +1,8 @@
 """Weight-update sharding layouts: where each parameter's gradient, optimizer state and
 update live over the data axis.
 
-The paper shards the weight update over all replicas. A parameter with a dimension
+Xu et al., "Automatic cross-replica sharding of weight update in data-parallel training"
+(docs/design.md, References), shard the weight update over all replicas. A parameter with a dimension
 that the data-axis size divides keeps its own shape and shards that dimension
 ("natural" layout, `Partitioner._add_data_axis`). A parameter with no such dimension
 (BERT-large at data=2048: every dimension is 1024, 4096 or 30,528) would stay
