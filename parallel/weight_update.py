@@ -2,9 +2,9 @@
 update live over the data axis.
 
 Xu et al., "Automatic cross-replica sharding of weight update in data-parallel training"
-(docs/design.md, References), shard the weight update over all replicas. A parameter with a dimension
-that the data-axis size divides keeps its own shape and shards that dimension
-("natural" layout, `Partitioner._add_data_axis`). A parameter with no such dimension
+(docs/design.md, References), shard the weight update over all replicas. A parameter
+with a dimension that the data-axis size divides keeps its own shape and shards that
+dimension ("natural" layout, `Partitioner._add_data_axis`). A parameter with no such dimension
 (BERT-large at data=2048: every dimension is 1024, 4096 or 30,528) would stay
 replicated, and with it its optimizer state. Those get a *flat* layout instead:
 
