@@ -1,0 +1,125 @@
+"""The step model each TPU generation is estimated with, and its measured error band.
+
+`roofline-eta` (v4): a data-parallel step of `b` examples per chip takes
+
+    max(flops_per_example * b / (peak * eta), gradient all-reduce over ICI)
+
+with the all-reduce `2 (P-1)/P * 4 bytes * params / (links * link bandwidth)` (float32
+gradients, every link of the chip busy in both directions) hidden behind compute. `eta`,
+the compute efficiency, is calibrated once per generation: the value that minimises the
+largest |log(estimate / measured)| over that generation's comparable measured runs
+(`mlperf.planning.measured_runs`); nothing is fitted per run. The band is the range of
+estimate / measured over those runs.
+
+v3 is estimated by libtpu's own compiler estimate of the compiled program (the TPU
+table's full-size rows); its band compares those rows with Google's v0.7 JAX runs.
+v5e, v5p, v6e (and v2) have no public measured run here: no band, and the planner and
+the TPU table say "not validated" instead of a step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from mlperf.planning.measured_runs import MeasuredPoint
+from parallel.hardware import CHIPS
+
+# Parameters of the models the measured runs trained (float32 gradients all-reduced):
+# BERT-large (Devlin et al.), Transformer big (Vaswani et al.), SSD with a ResNet-34
+# backbone and Mask R-CNN with ResNet-50-FPN (their MLPerf reference implementations).
+PARAMS = {"bert": 335e6, "transformer": 210e6, "ssd": 20e6, "maskrcnn": 44e6}
+
+# The compute efficiency of `roofline-eta`, calibrated once per generation (see
+# `calibrate`; tests/test_step_model.py re-derives it from the logs).
+ETA = {"v4": 0.36}
+
+# libtpu's compiler estimate of the full-size v3 rows (docs/tpu-table.md, ms per step):
+# the v3 model's estimates at the published scale, compared with the v0.7 JAX runs.
+V3_COMPILER_ESTIMATE_MS = {"bert": 43.85, "transformer": 11.57, "ssd": 7.70}
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """A generation's step model and its measured band (estimate / measured)."""
+
+    model: str
+    low: float
+    high: float
+    runs: int
+
+    def label(self) -> str:
+        return (
+            f"{self.model}; estimate/measured {self.low:.2f}-{self.high:.2f}x "
+            f"over {self.runs} measured runs"
+        )
+
+
+# The bands tests/test_step_model.py re-derives from Google's logs (v3: the three v0.7
+# JAX runs; v4: the twelve v0.7 TF runs, the packed v2.0 BERT runs being another program).
+VALIDATED = {
+    "v3": Validation("libtpu compiler estimate", 0.72, 0.96, 3),
+    "v4": Validation("roofline-eta (eta=0.36, ICI overlapped)", 0.51, 1.94, 12),
+}
+
+NOT_VALIDATED = "not validated: no public measured run on this generation"
+
+
+def validation_label(generation: str) -> str:
+    """The model and band of `generation`, or NOT_VALIDATED."""
+    v = VALIDATED.get(generation)
+    return NOT_VALIDATED if v is None else v.label()
+
+
+def allreduce_s(model: str, chips: int, generation: str) -> float:
+    """The float32 gradient all-reduce over every ICI link of the chip."""
+    chip = CHIPS[generation]
+    return 2.0 * (chips - 1) / chips * 4 * PARAMS[model] / (chip.links * chip.link_bandwidth)
+
+
+def roofline_eta_s(
+    flops_per_example: float,
+    batch_per_chip: float,
+    model: str,
+    chips: int,
+    generation: str,
+    eta: float,
+) -> float:
+    """`roofline-eta`'s step: compute at `eta` x peak, the all-reduce hidden behind it."""
+    compute = flops_per_example * batch_per_chip / (CHIPS[generation].peak_flops * eta)
+    return max(compute, allreduce_s(model, chips, generation))
+
+
+def lower_bound_s(flops_per_example: float, point: MeasuredPoint) -> float:
+    """The roofline at peak with ICI overlapped: what no step of the padded program beats."""
+    r = point.run
+    return roofline_eta_s(
+        flops_per_example, point.batch_per_chip, r.model, r.chips, r.generation, 1.0
+    )
+
+
+def ratios(
+    points: Sequence[MeasuredPoint], flops_per_example: dict[str, float], eta: float
+) -> list[float]:
+    """estimate / measured of `roofline-eta` at each point."""
+    return [
+        roofline_eta_s(
+            flops_per_example[p.run.model],
+            p.batch_per_chip,
+            p.run.model,
+            p.run.chips,
+            p.run.generation,
+            eta,
+        )
+        / p.step_s
+        for p in points
+    ]
+
+
+def calibrate(points: Sequence[MeasuredPoint], flops_per_example: dict[str, float]) -> float:
+    """The eta in 0.01 steps that minimises the largest |log(estimate / measured)|."""
+    return min(
+        (e / 100 for e in range(5, 101)),
+        key=lambda eta: max(abs(math.log(r)) for r in ratios(points, flops_per_example, eta)),
+    )
