@@ -108,6 +108,12 @@ def _base() -> ConfigDict:
             # Threads per process reading records ahead (grain's ReadOptions.num_threads,
             # 16 by default); 0: each record is read when its batch is made.
             read_threads=16,
+            # Sequence packing (input_pipeline/bert_packing.py, docs/official-inputs.md):
+            # up to `max_sequences` examples per row, attention within each; the batch
+            # size counts rows, the MLPerf log's samples count sequences. max_predictions:
+            # masked-LM slots per row (0: the example's plus max_sequences - 1); carry:
+            # examples that may wait for the next batch before a batch is done.
+            packing=ConfigDict(dict(enabled=False, max_sequences=3, max_predictions=0, carry=16)),
         )
     )
     c.mesh = mesh_block()

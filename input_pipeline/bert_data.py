@@ -25,6 +25,7 @@ import numpy as np
 from absl import logging
 
 from input_pipeline import (
+    bert_packing,
     bert_tfds,
     bert_tfrecord,
     documents,
@@ -84,6 +85,21 @@ class BertData:
             read_threads=read_threads,
         )
         return iter(loader)
+
+    def packed_train_iterator(
+        self, host_batch_size: int, packing: bert_packing.PackingConfig, seed: int
+    ) -> bert_packing.PackedTrainIterator:
+        """Infinite host batches of packed rows (`bert_packing`): this host's examples in
+        the same seeded random order, packed online. Checkpointable like train_iterator."""
+        return bert_packing.PackedTrainIterator(
+            self.train_source,
+            host_batch_size,
+            packing,
+            seed,
+            self.shard_index,
+            self.shard_count,
+            self.dtypes,
+        )
 
     def eval_batches(self, global_batch_size: int) -> list[dict[str, np.ndarray]]:
         """This host's eval batches (global_batch_size // shard_count each, with a mask field)."""

@@ -8,7 +8,9 @@ with far less padding.
 
 Packing here is greedy first-fit over a few open rows, in a seeded order: deterministic,
 so every host builds the same packed rows and the global batch order
-(`grain_pipeline.GlobalOrderHostRows`) stays process-count-invariant.
+(`grain_pipeline.GlobalOrderHostRows`) stays process-count-invariant. `first_fit` is the
+rule on its own, for any sizes with a capacity per dimension (BERT's packing,
+`bert_packing`, fits tokens, masked-LM predictions and sequences per row).
 """
 
 from __future__ import annotations
@@ -28,15 +30,21 @@ PACKED_FIELDS = (
 )
 
 
+def first_fit(used: np.ndarray, size: np.ndarray, capacity: np.ndarray) -> int | None:
+    """Index of the first row of `used` [rows, dims] where `size` [dims] still fits under
+    `capacity` [dims] in every dimension; None when it fits in none."""
+    if len(used) == 0:
+        return None
+    fits = np.all(used + size <= capacity, axis=1)
+    return int(np.argmax(fits)) if fits.any() else None
+
+
 @dataclasses.dataclass
 class _Row:
     inputs: list[np.ndarray] = dataclasses.field(default_factory=list)
     targets: list[np.ndarray] = dataclasses.field(default_factory=list)
     input_len: int = 0
     target_len: int = 0
-
-    def fits(self, src: np.ndarray, tgt: np.ndarray, length: int) -> bool:
-        return self.input_len + len(src) <= length and self.target_len + len(tgt) <= length
 
     def add(self, src: np.ndarray, tgt: np.ndarray) -> None:
         self.inputs.append(src)
@@ -87,7 +95,9 @@ def pack_pairs(
                 f"pair {i} has lengths ({len(src)}, {len(tgt)}); each side must be in "
                 f"[1, {length}] to pack into {length}-token rows"
             )
-        row = next((r for r in open_list if r.fits(src, tgt, length)), None)
+        used = np.array([(r.input_len, r.target_len) for r in open_list]).reshape(-1, 2)
+        index = first_fit(used, np.array([len(src), len(tgt)]), np.array([length, length]))
+        row = None if index is None else open_list[index]
         if row is None:
             if len(open_list) == open_rows:
                 rows_out.append(open_list.pop(0))

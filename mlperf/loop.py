@@ -336,13 +336,14 @@ class TrainLoop:
             # Analytic FLOPs of this phase's examples, for MFU (BERT phase 2 is longer).
             self.log.progress.flops_per_example = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
+                step_samples = self.task.step_samples(pr.pending, pr.phase)
                 batch = partitioner.host_to_global(pr.pending, pr.layout)
                 self.profile.before_step(self.s.step)
                 state, metrics = pr.step_fn(state, batch, key)
                 self.profile.after_step(self.s.step, metrics)
                 self.s.step += 1
                 pr.done += 1
-                self.s.samples += pr.phase.global_batch_size
+                self.s.samples += step_samples
                 last = self.s.step == self.total_steps
                 boundary = self.s.samples >= self.s.next_eval or last
                 preempted = self.preemption is not None and self.preemption.reached(self.s.step)

@@ -164,6 +164,13 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         by default the training spec of `phase` plus the padding `mask`."""
         return {**self.example_spec(phase), "mask": ((), "float32")}
 
+    def step_samples(self, host_batch: Mapping[str, np.ndarray], phase: Phase) -> int:
+        """Training samples in the global batch whose host rows are `host_batch`: the
+        MLPerf log's `samples` and the eval schedule count these. By default one per
+        row; a task packing several samples in a row counts them."""
+        del host_batch
+        return phase.global_batch_size
+
     # ---- phases and schedule -------------------------------------------------------------
     @abc.abstractmethod
     def make_phases(self) -> Sequence[Phase]:

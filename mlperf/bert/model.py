@@ -155,6 +155,13 @@ class EncoderLayer(nnx.Module):
         return constrain(x, axes)
 
 
+def same_sequence(query_ids_BxQ: jax.Array, key_ids_BxL: jax.Array) -> jax.Array:
+    """Packed rows' attention mask, bool [B,Q,L]: a query sees the keys of its own
+    sequence (sequence id > 0; 0 is padding)."""
+    same = query_ids_BxQ[:, :, None] == key_ids_BxL[:, None, :]
+    return same & (key_ids_BxL[:, None, :] > 0)
+
+
 def _apply_layer(graphdef, state, x, mask, rng, positions=None):
     """One encoder layer as a pure function of its parameters (for scan and remat)."""
     return nnx.merge(graphdef, state)(x, mask, rng, positions)
@@ -213,15 +220,38 @@ class BertForPreTraining(nnx.Module):
         )
         self.nsp = DenseGeneral((cfg.hidden_size,), (2,), ("embed", "classes"), rngs=rngs, dtype=dt)
 
-    def encode(self, input_ids, segment_ids, input_mask, rng=None, last_positions=None):
+    def encode(
+        self,
+        input_ids,
+        segment_ids,
+        input_mask,
+        rng=None,
+        last_positions=None,
+        positions=None,
+        sequence_ids=None,
+    ):
         """Token, position and type embeddings, then the encoder stack: [B,L] -> [B,L,D];
-        with `last_positions` [B,Q] the last layer's outputs at those rows only, [B,Q,D]."""
+        with `last_positions` [B,Q] the last layer's outputs at those rows only, [B,Q,D].
+
+        Packed rows (`input_pipeline.bert_packing`) pass `positions` [B,L], restarting at 0
+        in every sequence, and `sequence_ids` [B,L] (1, 2, ... per sequence, 0 padding):
+        a token then attends only to its own sequence's tokens."""
         length = input_ids.shape[1]
         if length > self.cfg.max_position:
             raise ValueError(f"sequence length {length} > max_position {self.cfg.max_position}")
-        # Positions are a static slice of the table: no gather on either path.
-        positions = self.position_embeddings.embedding[...][:length].astype(self.cfg.compute_dtype)
-        x = self.word_embeddings(input_ids) + self.type_embeddings(segment_ids) + positions[None]
+        if positions is None:
+            # Positions are a static slice of the table: no gather on either path.
+            table = self.position_embeddings.embedding[...]
+            position_BxLxD = table[:length].astype(self.cfg.compute_dtype)[None]
+        else:
+            position_BxLxD = self.position_embeddings(positions)
+        x = self.word_embeddings(input_ids) + self.type_embeddings(segment_ids) + position_BxLxD
+        mask, last_mask = input_mask, input_mask
+        if sequence_ids is not None:
+            mask = last_mask = same_sequence(sequence_ids, sequence_ids)
+            if last_positions is not None:
+                rows_BxQ = jnp.take_along_axis(sequence_ids, last_positions, axis=1)
+                last_mask = same_sequence(rows_BxQ, sequence_ids)
         x = constrain(self.embedding_norm(x), ("batch", "residual_length", "embed"))
         n = self.cfg.num_layers
         rngs = jax.random.split(rng, n + 1) if rng is not None else None
@@ -235,7 +265,7 @@ class BertForPreTraining(nnx.Module):
 
             def body(h, xs):
                 state, key = xs
-                return apply(graphdef, state, h, input_mask, key), None
+                return apply(graphdef, state, h, mask, key), None
 
             # Layer i gets rngs[i] as in the unrolled loop, so both forms agree.
             keys = None if rngs is None else rngs[:n]
@@ -247,34 +277,47 @@ class BertForPreTraining(nnx.Module):
             if n > 1:
                 x, _ = jax.lax.scan(body, x, head, unroll=self.cfg.scan_unroll)
             last_state, last_key = jax.tree.map(lambda a: a[n - 1], (stacked, keys))
-            return apply(graphdef, last_state, x, input_mask, last_key, last_positions)
+            return apply(graphdef, last_state, x, last_mask, last_key, last_positions)
         for i, layer in enumerate(self.layers):
             graphdef, state = nnx.split(layer)
-            rows = last_positions if i == n - 1 else None
-            x = apply(graphdef, state, x, input_mask, None if rngs is None else rngs[i], rows)
+            rows, layer_mask = (last_positions, last_mask) if i == n - 1 else (None, mask)
+            x = apply(graphdef, state, x, layer_mask, None if rngs is None else rngs[i], rows)
         return x
 
     def features(self, batch: dict[str, jax.Array], rng: jax.Array | None = None):
         """(masked-LM head input at the masked positions [B,P,D], next-sentence logits [B,2]
-        fp32): everything but the vocabulary projection."""
+        fp32): everything but the vocabulary projection.
+
+        A packed batch (with `sequence_ids`, `positions` and `cls_positions` [B,K]) gets
+        next-sentence logits [B,K,2], one per packed sequence's [CLS]."""
         ids, segments, mask = batch["input_ids"], batch["segment_ids"], batch["input_mask"]
         positions_BxP = batch["masked_lm_positions"]
-        if self.cfg.last_layer_head_positions_only:
-            # The heads read [CLS] (row 0) and the masked positions: the last layer makes
-            # only those rows.
-            cls_Bx1 = jnp.zeros_like(positions_BxP[:, :1])
-            rows = jnp.concatenate([cls_Bx1, positions_BxP], axis=1)
-            x_Bx1PxD = self.encode(ids, segments, mask, rng, last_positions=rows)
-            cls_BxD, masked_BxPxD = x_Bx1PxD[:, 0], x_Bx1PxD[:, 1:]
+        packed = "sequence_ids" in batch
+        extra = {}
+        if packed:
+            cls_BxK = batch["cls_positions"]
+            extra = {"positions": batch["positions"], "sequence_ids": batch["sequence_ids"]}
         else:
-            x_BxLxD = self.encode(ids, segments, mask, rng)
+            cls_BxK = jnp.zeros_like(positions_BxP[:, :1])  # [CLS] is row 0
+        k = cls_BxK.shape[1]
+        if self.cfg.last_layer_head_positions_only:
+            # The heads read the [CLS] rows and the masked positions: the last layer makes
+            # only those rows.
+            rows = jnp.concatenate([cls_BxK, positions_BxP], axis=1)
+            x_BxKPxD = self.encode(ids, segments, mask, rng, last_positions=rows, **extra)
+            cls_BxKxD, masked_BxPxD = x_BxKPxD[:, :k], x_BxKPxD[:, k:]
+        else:
+            x_BxLxD = self.encode(ids, segments, mask, rng, **extra)
             masked_BxPxD = gather_positions(x_BxLxD, positions_BxP, self.cfg.einsum_gather)
-            cls_BxD = x_BxLxD[:, 0]
+            if packed:
+                cls_BxKxD = gather_positions(x_BxLxD, cls_BxK, self.cfg.einsum_gather)
+            else:
+                cls_BxKxD = x_BxLxD[:, :1]
         act = ACTIVATIONS[self.cfg.activation]
         h = self.mlm_norm(act(self.mlm_transform(masked_BxPxD)))
-        pooled = jnp.tanh(self.pooler(cls_BxD))
+        pooled = jnp.tanh(self.pooler(cls_BxKxD))
         nsp_logits = self.nsp(pooled).astype(jnp.float32)
-        return h, nsp_logits
+        return h, nsp_logits if packed else nsp_logits[:, 0]
 
     def mlm_logits(self, h: jax.Array) -> jax.Array:
         """Masked-LM logits [..., V] fp32 from the head input (tied word embeddings)."""

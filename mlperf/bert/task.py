@@ -9,8 +9,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
+from input_pipeline import bert_packing
 from input_pipeline.bert_data import BertData, build_bert_data
 from input_pipeline.pretraining_examples import feature_spec
 from mlperf.bert import rules
@@ -20,6 +23,14 @@ from mlperf.layers.cross_entropy import softmax_cross_entropy
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config
 from parallel.precision import policy_from_config
+
+
+def _sequence_weights(batch) -> jax.Array:
+    """1 per real sequence, fp32: a packed batch's next_sentence_weights [B, K], else
+    ones [B]."""
+    if "next_sentence_weights" in batch:
+        return batch["next_sentence_weights"].astype(jnp.float32)
+    return jnp.ones(batch["next_sentence_labels"].shape, jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,16 +82,27 @@ class BertTask(Task[BertPrepared]):
         if self._init_checkpoint():  # a checkpoint of another model fails before the data
             source = open_source(self._init_checkpoint())
             check_config(source.config_path, self.model_config(), source.format.startswith("TF1"))
+        for phase in self.phases():
+            self.packing(phase)  # a bad data.packing fails before the data is built
         data = {}
         for phase in self.phases():
             key = (phase.data["seq_length"], phase.data["max_predictions"])
             data[(*key, shard_index, shard_count)] = self._bert_data(*key, shard_index, shard_count)
         return BertPrepared(data)
 
+    def packing(self, phase: Phase) -> bert_packing.PackingConfig | None:
+        """The phase's sequence packing (`data.packing`); None when it is off."""
+        return bert_packing.packing_config(
+            self.config.data, phase.data["seq_length"], phase.data["max_predictions"]
+        )
+
     def train_data(self, phase: Phase, host_batch_size: int, shard_index: int, shard_count: int):
         data = self._bert_data(
             phase.data["seq_length"], phase.data["max_predictions"], shard_index, shard_count
         )
+        packing = self.packing(phase)
+        if packing is not None:
+            return data.packed_train_iterator(host_batch_size, packing, seed=self.config.seed)
         return data.train_iterator(
             host_batch_size,
             seed=self.config.seed,
@@ -100,7 +122,25 @@ class BertTask(Task[BertPrepared]):
         return rules.eval_schedule(self.mlperf_round, phases[-1].global_batch_size)
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        packing = self.packing(phase)
+        if packing is not None:
+            return bert_packing.packed_feature_spec(packing)
         return feature_spec(phase.data["seq_length"], phase.data["max_predictions"])
+
+    def eval_example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
+        # The eval set is never packed: the metrics are the reference's, example by example.
+        spec = feature_spec(phase.data["seq_length"], phase.data["max_predictions"])
+        return {**spec, "mask": ((), "float32")}
+
+    def step_samples(self, host_batch: Mapping[str, np.ndarray], phase: Phase) -> int:
+        """Sequences in the global batch: one per row, or with packing the packed
+        sequences of every host's rows (the MLPerf log counts original sequences)."""
+        if "next_sentence_weights" not in host_batch:
+            return phase.global_batch_size
+        count = int(np.sum(host_batch["next_sentence_weights"]))
+        if jax.process_count() > 1:
+            count = int(np.sum(multihost_utils.process_allgather(np.int64(count))))
+        return count
 
     def num_eval_examples(self) -> int:
         return self.data.num_eval_examples
@@ -174,9 +214,12 @@ class BertTask(Task[BertPrepared]):
 
     # ---- loss and eval -------------------------------------------------------------------
     def denominators(self, batch) -> dict[str, jax.Array]:
+        # Means over the masked tokens and over the sequences of the whole batch, as the
+        # reference's; a packed batch counts its packed sequences, so both losses are
+        # those of the same sequences unpacked.
         return {
             "mlm": jnp.maximum(batch["masked_lm_weights"].sum(), 1.0),
-            "nsp": jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32),
+            "nsp": jnp.maximum(_sequence_weights(batch).sum(), 1.0),
         }
 
     def loss(self, model, batch, denominators, rng):
@@ -184,7 +227,7 @@ class BertTask(Task[BertPrepared]):
         weights = batch["masked_lm_weights"].astype(jnp.float32)
         nsp_xent, _, _ = softmax_cross_entropy(nsp_logits, batch["next_sentence_labels"])
         mlm_loss = jnp.sum(mlm_xent * weights) / denominators["mlm"]
-        nsp_loss = jnp.sum(nsp_xent) / denominators["nsp"]
+        nsp_loss = jnp.sum(nsp_xent * _sequence_weights(batch)) / denominators["nsp"]
         correct = mlm_top1 * weights
         aux = {
             "mlm_loss": mlm_loss,

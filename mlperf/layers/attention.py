@@ -64,13 +64,16 @@ class SelfAttention(nnx.Module):
         queries_BxQxD: jax.Array | None = None,
     ) -> jax.Array:
         """[B, L, D] -> [B, L, D]; with `queries_BxQxD` (rows of x) only those rows attend
-        (over all of x) and the result is [B, Q, D]."""
+        (over all of x) and the result is [B, Q, D]. `mask_BxL` is the keys' padding mask
+        [B, L], or a per-query mask [B, Q, L] (packed rows: each query sees its own
+        sequence's keys only)."""
         queries = x_BxLxD if queries_BxQxD is None else queries_BxQxD
         q = constrain(self.query(queries), ("batch", "length", "heads", "kv"))
         k = constrain(self.key(x_BxLxD), ("batch", "length", "heads", "kv"))
         v = constrain(self.value(x_BxLxD), ("batch", "length", "heads", "kv"))
         q = q / jnp.sqrt(self.head_dim).astype(q.dtype)
-        bias_Bx1x1xL = jnp.where(mask_BxL[:, None, None, :] > 0, 0.0, -1e9)
+        keep = mask_BxL[:, None, None, :] if mask_BxL.ndim == 2 else mask_BxL[:, None]
+        bias_Bx1x1xL = jnp.where(keep > 0, 0.0, -1e9)
         ctx_BxLxHxK = attention_context(
             q,
             k,
