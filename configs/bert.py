@@ -54,7 +54,7 @@ def _base() -> ConfigDict:
             # v0.7 BERT): the same outputs up to rounding, less work over [B, H, L, L].
             attention_normalize_after_values=False,
             # On CPU, the attention core in blocks of examples whose [B, H, L, L] scores
-            # fit this many bytes (docs/performance.md "Attention in blocks on CPU");
+            # fit this many bytes (docs/design.md "Attention in blocks on CPU");
             # 0 keeps it whole. TPU and GPU programs ignore it.
             attention_cpu_block_bytes=512 * 1024,
             # Stack the layers on a `stack` axis and lax.scan them: one layer's program
@@ -218,11 +218,11 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             # The training loss's head in slices of 2,048 vocabulary columns, whose
             # [640, 2048] logits stay in cache, with bfloat16 matmul operands (the CPU's
             # AVX-512 BF16 dot; fp32 accumulation and softmax): the step runs 1.2x faster
-            # than the whole fp32 logits (docs/performance.md).
+            # than the whole fp32 logits (docs/design.md).
             train_head_vocab_slice=2048,
             train_head_dtype="bfloat16",
             # The last layer at [CLS] and the 10 masked positions only (11 of 64 rows):
-            # the step runs 1.2x faster, the same outputs (docs/performance.md).
+            # the step runs 1.2x faster, the same outputs (docs/design.md).
             last_layer_head_positions_only=True,
         )
         c.data.update(
@@ -235,7 +235,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             dupe_factor=2,
             max_eval_examples=2048,
             # Each record read when its batch is made: grain's 16 reader threads cost the
-            # train step on 2 cores more than they overlap (docs/performance.md).
+            # train step on 2 cores more than they overlap (docs/design.md).
             read_threads=0,
         )
         # The one-hot embedding einsum over 30,522 ids costs more than the rest of this

@@ -52,7 +52,7 @@ def get_config(arg: str):
     c.parallel.fsdp = True
     # Sequence parallelism: the residual stream's rows split over `model` as well, so
     # the layer norms, dropout and residual adds are not repeated on every tensor-parallel
-    # device (docs/performance.md "Sequence parallelism": 1.50x for 10b, 1.17x for 100b
+    # device (docs/design.md "Sequence parallelism": 1.50x for 10b, 1.17x for 100b
     # by the compiler's estimate).
     c.parallel.rules = (("residual_length", "model"),)
     c.mesh.ici_shape = (-1, model_parallel)

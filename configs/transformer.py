@@ -48,7 +48,7 @@ def _base() -> ConfigDict:
             dropout_rate=0.1,
             attention_dropout_rate=0.1,
             # On CPU, the attention core in blocks of examples whose [B, H, Q, K] scores
-            # fit this many bytes (docs/performance.md "Attention in blocks on CPU");
+            # fit this many bytes (docs/design.md "Attention in blocks on CPU");
             # 0 keeps it whole. TPU and GPU programs ignore it.
             attention_cpu_block_bytes=512 * 1024,
         )

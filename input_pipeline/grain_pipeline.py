@@ -97,7 +97,7 @@ def train_loader(
     read_threads: threads per process that read records ahead (grain's ReadOptions; None:
     grain's default of 16). 0 reads each record when the batch is made: on a 2-core host
     the reader threads and their prefetch bookkeeping cost the train step more CPU time
-    than the reads they overlap (docs/performance.md, "Reader threads").
+    than the reads they overlap (docs/design.md, "Reader threads").
 
     The global batch is host_batch_size x shard_count. The iterator is checkpointable
     (get_state / set_state): its state is the position in the stream.

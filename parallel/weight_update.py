@@ -23,7 +23,7 @@ dimension, which the TPU compiler reduce-scatters as an all-reduce and all-gathe
 through padded tiles; as rows, [1, D, padded/D], the split is a major dimension (on
 v3:64x64 the estimate of reduce-scattering eight model-split [1024, 1024] views over
 2048 replicas drops from 0.137 to 0.078 ms, test_aot.py; the Transformer's whole step
-in docs/performance.md). Gradients are reduce-scattered
+in docs/design.md). Gradients are reduce-scattered
 in this view, the optimizer state lives in it, the update is applied to the local
 slice, and the new parameter is all-gathered and reshaped back. The zero padding
 stays zero through Adam/LAMB/LARS/SGD updates (zero gradient, zero moments, zero
@@ -208,7 +208,7 @@ def _tile_order(split: list[int], local_pos: list[int]) -> tuple[list[int], list
     two dimensions are whole tiles: [..., r, c] -> [..., r/8, c/128, 8, 128]. Flattening
     in that order is a bitcast of the parameter on a TPU, where the row-major order is a
     relayout copy of every gradient and parameter each step (on v3:32x64, ten SSD-sized
-    [3, 3, 256+, 256+] kernels: 20 copies, 1.06 against 0.62 ms, docs/performance.md);
+    [3, 3, 256+, 256+] kernels: 20 copies, 1.06 against 0.62 ms, docs/design.md);
     the order does not matter elsewhere, since only the view sees it."""
     if len(local_pos) < 2:
         return split, local_pos

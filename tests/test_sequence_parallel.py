@@ -58,7 +58,7 @@ def _sharding_constraints(config, devices) -> int:
 
 def test_the_default_program_leaves_the_residual_sums_unplaced(devices):
     """The sums inside a layer are constrained only when their rows are split: pinned
-    replicated, they cost BERT-large 3% of its TPU step estimate (docs/performance.md)."""
+    replicated, they cost BERT-large 3% of its TPU step estimate (docs/design.md)."""
     layers = {"model.num_layers": 2}
     default = _sharding_constraints(small_bert_config(**layers), devices)
     split = _sharding_constraints(

@@ -148,7 +148,7 @@ class EncoderLayer(nnx.Module):
         axes = ("batch", "residual_length" if positions is None else "length", "embed")
         h = dropout(self.attention(x, mask, r[0], queries_BxQxD=rows), self.rate, r[1])
         # The sums are placed only when the rows are split: pinned replicated, they cost
-        # the default program 3% of its TPU step estimate (docs/performance.md).
+        # the default program 3% of its TPU step estimate (docs/design.md).
         x = self.attention_norm(constrain_if_mapped(rows + h, axes, axis="residual_length"))
         x = x + dropout(self.mlp(x), self.rate, r[2])
         x = self.mlp_norm(constrain_if_mapped(x, axes, axis="residual_length"))

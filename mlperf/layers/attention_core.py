@@ -7,7 +7,7 @@ block's scores stay in the core's cache between the score product, the softmax a
 product with the values, where the whole tensor (2 MiB at the Transformer tiny size) goes
 out to memory between them. The blocks are independent, but XLA:CPU's executor runs them
 one after another, not on two cores at once (`launch.bench kernels --kernel_chains`,
-docs/performance.md): the cache is the whole gain, a few percent of a step.
+docs/design.md): the cache is the whole gain, a few percent of a step.
 
 The blocks interleave (block c holds examples c, c + n, c + 2n, ...), so each holds the
 same number of every device's rows and a batch-sharded mesh splits every block as it
@@ -29,7 +29,7 @@ from mlperf.layers.dropout import ALL_ROWS, Rows, dropout, dropout_keep_mask, ke
 from mlperf.layers.softmax import softmax
 from parallel.partition import constrain, shard_count
 
-# One block's scores at most (measured in docs/performance.md, "Attention in blocks").
+# One block's scores at most (measured in docs/design.md, "Attention in blocks").
 CPU_BLOCK_BYTES = 512 * 1024
 _BQHD = ("batch", "length", "heads", "kv")
 

@@ -7,14 +7,14 @@ axis. For a wide last axis, such as BERT's masked-LM logits [B, P, 30,522], XLA:
 autodiff's column sum as a YNNPACK reduce fusion that was the costliest single op of
 bert:wikitext's train step (15% of its op time in a profile); written as `ones @ g` the
 same sum runs on the dot kernels (1% of the step) and the step runs 1.19x faster
-(docs/performance.md, "The masked-LM bias gradient"). The forward pass is the plain
+(docs/design.md, "The masked-LM bias gradient"). The forward pass is the plain
 broadcast add.
 
 `add_bias_fp32_sum`: the gradient is the cotangent's column sum accumulated in fp32. For a
 bf16 dense layer autodiff sums the bf16 cotangent into a bf16 bias gradient; XLA:CPU
 turns that low-precision sum into a tree of reduce-windows on its slowest path (12.6 ms
 for BERT-base's [8, 128, 3072] MLP bias on one core, where the fp32-accumulated sum takes
-0.5 ms, docs/performance.md). The fp32 sum is also the more accurate one; on fp32 inputs
+0.5 ms, docs/design.md). The fp32 sum is also the more accurate one; on fp32 inputs
 it is autodiff's own sum.
 """
 

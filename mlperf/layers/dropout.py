@@ -4,7 +4,7 @@
 threefry spends a whole 2x32 block (20 rounds) on each 32-bit word. A keep decision needs
 far fewer bits: 16 bits resolve a rate to 1/65536. On CPU one block here yields four
 16-bit words, four elements' decisions: a quarter of the random-bit work, the largest
-elementwise cost of a CPU train step with dropout (docs/performance.md, "Dropout's
+elementwise cost of a CPU train step with dropout (docs/design.md, "Dropout's
 random bits"). The counters keep the tensor's leading axes and pack along the last, so a
 mask sharded like its activation is generated where it is used, as with
 `jax.random.bits`.
@@ -13,7 +13,7 @@ Every other lowering (TPU, GPU) takes one 32-bit word per element and keeps its 
 bits (`lax.platform_dependent`): the TPU compiler fuses that draw into the kernels that
 use the mask, where the four-word packing puts each quarter in its own fusion and
 concatenates them, which raised BERT-large's v3 step estimate by 18%
-(docs/performance.md). The masks of the two forms are different draws with the same
+(docs/design.md). The masks of the two forms are different draws with the same
 rate; within one program every dropout of a key gets the same mask.
 
 The rate is rounded to a multiple of 1/65536 (0.1 drops 6554/65536 = 0.100006 of the

@@ -9,7 +9,7 @@ Why, for bf16 on CPU: XLA:CPU runs a bf16 dot on YNNPACK (AMX tiles on CPUs that
 them) only when the dot asks for an fp32 result and its left operand is row-major with
 the contracted dimension last. Otherwise it converts the operands to fp32 and runs its
 own dot: on one core of this project's CPU machine, `[1024, 768] @ [768, 3072]` takes
-8 ms on YNNPACK against 36 ms converted (docs/performance.md). So on CPU every bf16 dot
+8 ms on YNNPACK against 36 ms converted (docs/design.md). So on CPU every bf16 dot
 asks for fp32 and rounds once, and the weight gradient `x^T @ g`, which autodiff writes
 as a contraction over both operands' first dimension, gets `x^T` materialised first.
 XLA folds a plain transpose back into the dot (and expands optimisation barriers before
@@ -17,7 +17,7 @@ it decides), so the transpose is the body of a one-trip loop whose trip count XL
 see. `lax.platform_dependent` applies this on CPU only, per lowering platform: an AOT
 compile for TPU on a CPU host gets the plain dots, which the TPU compiler accumulates in
 fp32 already (an fp32 result there is an extra [M, N] write and convert: 7.6% on a
-BERT-large step compiled for v3, docs/performance.md).
+BERT-large step compiled for v3, docs/design.md).
 
 A remat policy cannot see into custom_vjp functions: the output is named
 `MATMUL_OUTPUT` (`jax.ad_checkpoint.checkpoint_name`) so that the models' dot policies
@@ -82,7 +82,7 @@ def _a_transposed_times_b(a: jax.Array, b: jax.Array) -> jax.Array:
 # runs at about half the rate of the same contraction into the wide `[Q, P]` (49-57
 # against 80-105 GFLOP/s for Q = 64, 128 and M from 160 to 2048 on one core of an AMD
 # EPYC); at Q = 768 the two are within ~10% and the result's transpose costs the
-# difference (docs/performance.md).
+# difference (docs/design.md).
 _NARROW_RESULT = 128
 
 
@@ -109,7 +109,7 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     """`x @ w` for `[M, K] @ [K, N]` operands of one dtype, in that dtype. A lowering for
     CPU runs the custom_vjp below; every other lowering gets the plain dot and its
     autodiff, outside any custom_vjp: BERT-large's scanned, rematerialised v3 step was
-    estimated 2.4% slower with the custom_vjp's plain dots (docs/performance.md)."""
+    estimated 2.4% slower with the custom_vjp's plain dots (docs/design.md)."""
     _check(x, w)
     return checkpoint_name(
         lax.platform_dependent(x, w, cpu=_cpu_matmul, default=jnp.dot), MATMUL_OUTPUT

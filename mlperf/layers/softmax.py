@@ -5,7 +5,7 @@ size XLA:CPU then writes the reciprocal of the sum broadcast to the full `[B, H,
 shape once per attention layer (`test_softmax.py`). On CPU `softmax` has the same forward
 value and the analytic backward `p * (g - sum(g * p))`, so the only `[B, H, Q, K]`
 residual is `p` itself: the Transformer tiny step 1.02x on one core, 1.05x on two, BERT
-tiny 1.01x (docs/performance.md). Other lowerings (TPU, GPU, AOT compiles for TPU from a
+tiny 1.01x (docs/design.md). Other lowerings (TPU, GPU, AOT compiles for TPU from a
 CPU host) get `jax.nn.softmax` as before.
 """
 
