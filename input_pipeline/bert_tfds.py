@@ -21,6 +21,7 @@ from absl import logging
 from input_pipeline import documents as documents_lib
 from input_pipeline import pretraining_examples, storage, tokenizer
 from input_pipeline.file_lock import file_lock
+from input_pipeline.input_errors import InputError
 
 TRAIN_SPLIT = "train"
 EVAL_SPLIT = "eval"
@@ -66,9 +67,9 @@ def split_documents(
 ) -> tuple[list[list[str]], list[list[str]]]:
     """Deterministic (train, eval) split of documents; eval gets eval_fraction of them (>= 1)."""
     if not 0.0 < eval_fraction < 1.0:
-        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+        raise InputError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
     if len(docs) < 2:
-        raise ValueError("need at least 2 documents to hold out an eval set")
+        raise InputError("need at least 2 documents to hold out an eval set")
     num_eval = min(len(docs) - 1, max(1, round(len(docs) * eval_fraction)))
     held_out = set(np.random.default_rng(seed).permutation(len(docs))[:num_eval].tolist())
     train = [d for i, d in enumerate(docs) if i not in held_out]

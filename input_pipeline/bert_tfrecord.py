@@ -24,6 +24,7 @@ import numpy as np
 from absl import logging
 
 from input_pipeline import input_files, pretraining_examples, storage, tf_example, tfrecord
+from input_pipeline.input_errors import InputError
 
 FORMAT = "mlperf_tfrecord"
 EVAL_SET_SIZE = 10_000  # the reference's fixed eval set
@@ -62,7 +63,7 @@ def resolve_files(patterns: Sequence[str], data_dir: str, config_key: str) -> tu
             )
         files.extend(storage.resolve(p) for p in matches)
     if len(set(files)) != len(files):
-        raise ValueError(f"{config_key} names some files twice: {list(patterns)}")
+        raise InputError(f"{config_key} names some files twice: {list(patterns)}")
     return tuple(files)
 
 
@@ -91,12 +92,12 @@ def tfrecord_sources(
     before anything is compiled.
     """
     if not data_cfg.train_files:
-        raise ValueError(
+        raise InputError(
             "data.format=mlperf_tfrecord needs data.train_files (e.g. 'part-*-of-00500' "
             "with data.data_dir set to the folder of the reference's TFRecords)"
         )
     if not data_cfg.eval_files:
-        raise ValueError(
+        raise InputError(
             "data.format=mlperf_tfrecord needs data.eval_files (the reference's "
             "10,000-example eval TFRecord file)"
         )
@@ -112,7 +113,7 @@ def tfrecord_sources(
     evals = tfrecord.TFRecordSource(eval_files, parse, index_dir)
     for name, source in (("training", train), ("eval", evals)):
         if len(source) == 0:
-            raise ValueError(f"the {name} TFRecord files hold no records: {source.files}")
+            raise InputError(f"the {name} TFRecord files hold no records: {source.files}")
         source[0]  # noqa: B018 - decodes (and checks) one record of each set up front
     if len(evals) != EVAL_SET_SIZE:
         logging.warning(

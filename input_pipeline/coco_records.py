@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from input_pipeline import input_files, storage
+from input_pipeline.input_errors import InputError
 
 _REQUIRED = ("images", "annotations", "categories")
 _BOX_TOLERANCE = 1.0  # pixels a box may stick out of its image (rounding in real data)
@@ -185,7 +186,7 @@ def split_image_ids(ids: Sequence[int], eval_count: int, seed: int) -> tuple[lis
     """A fixed (train, eval) split of image ids: eval_count ids chosen by a seeded shuffle."""
     ordered = sorted(ids)
     if not 0 < eval_count < len(ordered):
-        raise ValueError(
+        raise InputError(
             f"data.eval_count={eval_count} must be in 1..{len(ordered) - 1} for {len(ordered)} "
             "images (or give separate eval annotations)."
         )

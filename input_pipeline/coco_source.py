@@ -19,6 +19,7 @@ import os
 
 from input_pipeline import input_files, storage
 from input_pipeline.coco_builder import CocoFolder
+from input_pipeline.input_errors import InputError
 from input_pipeline.shapes_dataset import ShapesParams, prepare_shapes
 
 SOURCES = ("shapes", "coco")
@@ -42,7 +43,7 @@ def coco_folder(data, shapes_image_size: int) -> CocoFolder:
         ann, images = prepare_shapes(cache_dir(data), params)
         return CocoFolder(ann, images, eval_count=data.eval_count, split_seed=data.split_seed)
     if data.source != "coco":
-        raise ValueError(f"data.source={data.source!r}: use one of {SOURCES}.")
+        raise InputError(f"data.source={data.source!r}: use one of {SOURCES}.")
 
     def path(p: str) -> str:
         return storage.join(data.data_dir, p) if p and not input_files.is_absolute(p) else p

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 
 from input_pipeline import storage
+from input_pipeline.input_errors import InputError
 
 FORMATS = ("auto", "bert", "wikitext", "blank_lines")
 
@@ -42,7 +43,7 @@ def check_utf8(path: str, config_key: str, chunk_bytes: int = 1 << 20) -> None:
                 # tail is at most 3 bytes, so find the bad byte within the chunk itself.
                 bad = max(e.start - len(e.object) + len(chunk), 0)
                 line += chunk[:bad].count(b"\n")
-                raise ValueError(
+                raise InputError(
                     f"corpus file {path!r} (config key {config_key}) is not UTF-8: byte "
                     f"{offset + bad} (line {line}) is {chunk[bad : bad + 1]!r}; convert it, "
                     "e.g. iconv -f latin1 -t utf-8."
@@ -116,9 +117,9 @@ def read_documents(
     the files when they hold no document with at least one sentence.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"unknown corpus format {fmt!r}; expected one of {FORMATS}")
+        raise InputError(f"unknown corpus format {fmt!r}; expected one of {FORMATS}")
     if not paths:
-        raise ValueError(f"no corpus files given (config key {config_key} is empty)")
+        raise InputError(f"no corpus files given (config key {config_key} is empty)")
     documents: list[list[str]] = []
     for path in paths:
         lines = _read_lines(path, config_key)
@@ -129,7 +130,7 @@ def read_documents(
             documents.extend(parse_blank_line_documents(lines))
     documents = [doc for doc in documents if doc]
     if not documents:
-        raise ValueError(
+        raise InputError(
             f"empty corpus: no document with at least one sentence in {list(paths)} "
             f"(config key {config_key})"
         )

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from input_pipeline import storage
+from input_pipeline.input_errors import InputError
 
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
 T = TypeVar("T")
@@ -51,7 +52,7 @@ def local_cache_dir(value: str, default: str = DEFAULT_CACHE_DIR) -> str:
     """data.cache_dir made absolute (`default` when empty). The cache holds what is built
     from the inputs, with file locks and random reads: a URL is refused in one line."""
     if storage.is_url(value):
-        raise ValueError(
+        raise InputError(
             f"data.cache_dir {value} is in an object store; the data cache must be a local "
             "folder (the inputs themselves may be gs:// URLs: data.data_dir)"
         )

@@ -28,6 +28,7 @@ from PIL import Image, ImageDraw
 
 from input_pipeline.detection_augment import IMAGENET_MEAN, IMAGENET_STD, Instances, decode_image
 from input_pipeline.grain_pipeline import GlobalOrderHostRows, ToNumpy
+from input_pipeline.input_errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +210,7 @@ def train_loader(
     """Endless per-host loader of augmented batches (global batch order as in
     input_pipeline/grain_pipeline.py: the same data whatever the host count)."""
     if len(source) == 0:
-        raise ValueError("the Mask R-CNN training set is empty: check data.data_dir.")
+        raise InputError("the Mask R-CNN training set is empty: check data.data_dir.")
     rows = GlobalOrderHostRows(source, host_batch_size, shard_index, shard_count, seed)
     sampler = grain.IndexSampler(
         num_records=len(rows),

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from input_pipeline.input_errors import InputError
 from input_pipeline.tokenizer import SpecialIds
 
 Document = list[list[int]]  # a document is a list of sentences of token ids
@@ -168,12 +169,12 @@ def create_examples(
     Runs dupe_factor passes over the documents, each with fresh pairs and masks.
     """
     if cfg.seq_length < 5:
-        raise ValueError(f"seq_length must be at least 5, got {cfg.seq_length}")
+        raise InputError(f"seq_length must be at least 5, got {cfg.seq_length}")
     rng = np.random.default_rng(seed)
     docs = [[list(s) for s in doc if len(s)] for doc in documents]
     docs = [doc for doc in docs if doc]
     if not docs:
-        raise ValueError("no tokenised documents to build examples from")
+        raise InputError("no tokenised documents to build examples from")
     order = rng.permutation(len(docs))
     docs = [docs[i] for i in order]
     special_set = {special.pad, special.unk, special.cls, special.sep, special.mask}

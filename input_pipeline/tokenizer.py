@@ -12,6 +12,7 @@ import os
 from tokenizers import BertWordPieceTokenizer
 
 from input_pipeline import storage
+from input_pipeline.input_errors import InputError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -42,12 +43,12 @@ def check_vocab_file(vocab_file: str, config_key: str = "data.vocab_file") -> No
         with storage.open_file(vocab_file, "r", encoding="utf-8") as f:
             tokens = {line.rstrip("\n") for line in f}
     except UnicodeDecodeError:
-        raise ValueError(
+        raise InputError(
             f"vocab file {vocab_file!r} (config key {config_key}) is not UTF-8."
         ) from None
     missing = [t for t in SPECIAL_TOKENS if t not in tokens]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"vocab file {vocab_file!r} (config key {config_key}) lacks the special "
             f"token(s) {' '.join(missing)}; BERT needs {' '.join(SPECIAL_TOKENS)}, one per line."
         )
@@ -69,7 +70,7 @@ def special_ids(tokenizer: BertWordPieceTokenizer) -> SpecialIds:
     for name, token in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_TOKENS, strict=True):
         token_id = tokenizer.token_to_id(token)
         if token_id is None:
-            raise ValueError(f"vocab has no special token {token}")
+            raise InputError(f"vocab has no special token {token}")
         ids[name] = token_id
     return SpecialIds(**ids)
 

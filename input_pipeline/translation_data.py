@@ -37,6 +37,7 @@ from input_pipeline import (
     translation_vocab,
 )
 from input_pipeline.file_lock import file_lock
+from input_pipeline.input_errors import InputError
 from input_pipeline.subword_vocab import SubwordVocab
 
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
@@ -115,7 +116,7 @@ def _resolve(path: str, data_dir: str) -> str:
 def _pair(files: Sequence[str], data_dir: str, key: str) -> tuple[str, str]:
     """(source, target) paths of a config key; a missing file is one line naming it."""
     if len(files) != 2:
-        raise ValueError(f"{key} must be (source file, target file), got {tuple(files)!r}")
+        raise InputError(f"{key} must be (source file, target file), got {tuple(files)!r}")
     pair = _resolve(files[0], data_dir), _resolve(files[1], data_dir)
     for path in pair:
         if not storage.isfile(path):
@@ -158,7 +159,7 @@ def _split_files(data_cfg, cache_dir: str) -> dict[str, tuple[str, str]]:
             "eval": (os.path.join(out_dir, "eval.en"), os.path.join(out_dir, "eval.de")),
         }
     if data_cfg.corpus != "files":
-        raise ValueError(f"data.corpus must be 'tiny' or 'files', got {data_cfg.corpus!r}")
+        raise InputError(f"data.corpus must be 'tiny' or 'files', got {data_cfg.corpus!r}")
     return {
         "train": _pair(data_cfg.train_files, data_cfg.data_dir, "data.train_files"),
         "eval": _pair(data_cfg.eval_files, data_cfg.data_dir, "data.eval_files"),
@@ -201,7 +202,7 @@ def build_translation_data(
     if data_format == translation_tfrecord.FORMAT:
         return _from_tfrecords(*translation_tfrecord.read(data_cfg, cache_dir, with_train))
     if data_format != "text":
-        raise ValueError(
+        raise InputError(
             f"data.format must be 'text' or {translation_tfrecord.FORMAT!r}, got {data_format!r}"
         )
     files = _split_files(data_cfg, cache_dir)

@@ -27,6 +27,7 @@ from absl import logging
 
 from input_pipeline import storage, translation_vocab
 from input_pipeline.file_lock import file_lock
+from input_pipeline.input_errors import InputError
 
 TRAIN_SPLIT = "train"
 
@@ -44,7 +45,7 @@ def read_parallel(src_path: str, tgt_path: str) -> tuple[list[str], list[str]]:
     with storage.open_file(tgt_path, "r", encoding="utf-8") as f:
         tgt = f.read().splitlines()
     if len(src) != len(tgt):
-        raise ValueError(
+        raise InputError(
             f"misaligned parallel files: {src_path!r} has {len(src)} lines but {tgt_path!r} "
             f"has {len(tgt)}; line i of one must translate line i of the other."
         )
@@ -152,7 +153,7 @@ class ParallelText(tfds.core.GeneratorBasedBuilder):
                 truncate=not train,
             )
             if not pairs:
-                raise ValueError(
+                raise InputError(
                     f"split {name!r} ({src_path!r}, {tgt_path!r}) has no usable pairs: "
                     + summary.line(name, limit, not train)
                 )

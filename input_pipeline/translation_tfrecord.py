@@ -34,6 +34,7 @@ from absl import logging
 
 from input_pipeline import input_files, packing, tf_example, tfrecord
 from input_pipeline.bert_tfrecord import resolve_files
+from input_pipeline.input_errors import InputError
 from input_pipeline.subword_vocab import EOS_ID, SubwordVocab
 
 FORMAT = "mlperf_tfrecord"
@@ -131,7 +132,7 @@ def _read_pairs(source: tfrecord.TFRecordSource) -> list[tuple[np.ndarray, np.nd
 def vocab_of(data_cfg) -> SubwordVocab:
     """The subword vocabulary of data.vocab_file (relative to data.data_dir)."""
     if not data_cfg.vocab_file:
-        raise ValueError(
+        raise InputError(
             "data.format=mlperf_tfrecord needs data.vocab_file, the subword vocabulary the "
             "TFRecords were encoded with (vocab.translate_ende_wmt32k.32768.subwords)"
         )
@@ -145,7 +146,7 @@ def train_rows(data_cfg, files: Sequence[str], vocab_size: int, index_dir: str):
         files, lambda d, w: parse_pair_record(d, w, vocab_size), index_dir
     )
     if len(probe) == 0:
-        raise ValueError(f"the training TFRecord files hold no records: {list(files)}")
+        raise InputError(f"the training TFRecord files hold no records: {list(files)}")
     if "inputs_segmentation" in probe[0]:  # packed: random access, nothing held in memory
         rows = tfrecord.TFRecordSource(files, PackedRecordRows(length, vocab_size), index_dir)
         logging.info("WMT TFRecords: %d packed training rows in %d files", len(rows), len(files))
@@ -161,7 +162,7 @@ def train_rows(data_cfg, files: Sequence[str], vocab_size: int, index_dir: str):
         length,
     )
     if not kept:
-        raise ValueError(f"no training pair of {list(files)} fits data.max_length={length}")
+        raise InputError(f"no training pair of {list(files)} fits data.max_length={length}")
     inputs, targets = [s for s, _ in kept], [t for _, t in kept]
     if data_cfg.pack:
         arrays = packing.pack_pairs(inputs, targets, length, seed=int(data_cfg.seed))
@@ -187,7 +188,7 @@ def eval_pairs(
         ]
         records.append({"inputs": cut[0], "targets": cut[1], "index": index})
     if not records:
-        raise ValueError(f"the eval TFRecord files hold no records: {list(files)}")
+        raise InputError(f"the eval TFRecord files hold no records: {list(files)}")
     return records, references
 
 
@@ -200,7 +201,7 @@ def text_eval_pairs(
     from input_pipeline.translation_tfds import read_parallel
 
     if len(files) != 2:
-        raise ValueError(
+        raise InputError(
             f"data.eval_text_files must be (source file, reference file), got {tuple(files)!r}"
         )
     paths = [input_files.resolve(path, data_dir) for path in files]
@@ -212,7 +213,7 @@ def text_eval_pairs(
         records.append({"inputs": ids[0], "targets": ids[1], "index": index})
         references[index] = ref
     if not records:
-        raise ValueError(f"the eval text files are empty: {paths}")
+        raise InputError(f"the eval text files are empty: {paths}")
     return records, references
 
 
@@ -223,7 +224,7 @@ def read(data_cfg, cache_dir: str, with_train: bool):
     index_dir = os.path.join(cache_dir, "tfrecord_index")  # local, whatever the inputs
     for key in ("train_files", "eval_files"):
         if not data_cfg[key]:
-            raise ValueError(f"data.format=mlperf_tfrecord needs data.{key} (glob patterns)")
+            raise InputError(f"data.format=mlperf_tfrecord needs data.{key} (glob patterns)")
     text_files = tuple(data_cfg.get("eval_text_files", ()) or ())
     if not text_files:
         eval_files = resolve_files(data_cfg.eval_files, data_cfg.data_dir, "data.eval_files")

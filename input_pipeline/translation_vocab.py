@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import sentencepiece as spm
 
 from input_pipeline import storage
+from input_pipeline.input_errors import InputError
 
 PAD_ID = 0
 EOS_ID = 1
@@ -26,7 +27,7 @@ def check_special_ids(sp: spm.SentencePieceProcessor, path: str) -> None:
     got = {"pad": sp.pad_id(), "eos": sp.eos_id(), "unk": sp.unk_id()}
     want = {"pad": PAD_ID, "eos": EOS_ID, "unk": UNK_ID}
     if got != want:
-        raise ValueError(
+        raise InputError(
             f"sentencepiece model {path!r} has special ids {got}, but the Transformer needs "
             f"{want}. Retrain it with pad_id=0 eos_id=1 unk_id=2 bos_id=-1 (or set "
             "data.vocab_file='' to train one on the training text)."

@@ -16,6 +16,8 @@ Exit codes (launch/cli.py, docs/multi-host.md): 0 target reached, 1 the run ende
 without reaching its target, 2 bad input (one line, nothing trained), 3 another run holds
 the work directory, 4 another process of the run died or never joined, 70 an unexpected
 error (traceback printed), 143 preempted (checkpoint written; run the same command again).
+Bad input is what the project's checks raise as such (`bad_input_errors`), not any
+ValueError: one raised inside JAX mid-run is a bug.
 """
 
 from __future__ import annotations
@@ -129,46 +131,70 @@ def _start_host_log(workdir: str) -> None:
     host_log.start(workdir, jax.process_index())
 
 
-def _fail(message: str, workdir: str | None, keep_traceback: bool) -> None:
-    where = ""
-    if workdir and keep_traceback:
-        # Keep the traceback for bugs that surface as ValueError, without burying the message.
-        from input_pipeline import storage
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The error types raised where bad input is detected: a config value, a flag, a file
+    the config names, the cluster's coordinates or a checkpoint that does not fit. Only
+    these end a run with exit code 2 and their one line; any other exception, a
+    ValueError from inside JAX included, is a bug (exit code 70, traceback printed)."""
+    from input_pipeline.coco_records import CocoFormatError
+    from input_pipeline.input_errors import InputError
+    from input_pipeline.leveldb_table import TableError
+    from input_pipeline.protobuf_wire import WireError
+    from input_pipeline.storage import StorageError
+    from input_pipeline.subword_vocab import VocabFileError
+    from input_pipeline.tf1_checkpoint import CheckpointError
+    from input_pipeline.tf_example import ExampleError
+    from input_pipeline.tfrecord import TFRecordError
+    from mlperf.checkpoint.integrity import CheckpointMismatchError
+    from mlperf.checkpoint.manager import NoUsableCheckpointError
+    from mlperf.checkpoint.torch_file import TorchFileError
+    from mlperf.validate import ConfigError
+    from parallel.mesh import MeshShapeError
+    from parallel.topology import TopologyError
+    from parallel.torus import MeshMappingError
 
-        try:
-            path = storage.join(storage.resolve(workdir), "error.txt")
-            storage.write_text(path, traceback.format_exc())
-            where = f" (traceback in {path}; set MULTIPOD_DEBUG=1 to raise it)"
-        except OSError:  # the error may be that the workdir cannot be written
-            pass
-    print(f"multipod: error: {message}{where}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_BAD_INPUT)
+    return (
+        ConfigError,  # PreflightError too: the hosts disagree on config, data or checkpoint
+        InputError,
+        FileNotFoundError,
+        DistributedSetupError,
+        # An object store that refuses or cannot be reached names the store, the
+        # operation and the path.
+        StorageError,
+        MeshShapeError,
+        TopologyError,
+        MeshMappingError,
+        CheckpointMismatchError,  # ConfigChangeError too
+        NoUsableCheckpointError,
+        TFRecordError,
+        ExampleError,
+        CocoFormatError,
+        TableError,
+        VocabFileError,
+        WireError,
+        CheckpointError,
+        TorchFileError,
+    )
 
 
 def _handle(e: Exception) -> None:
     """Ends the process for an exception out of init or training (never returns)."""
     from mlperf.lease import WorkdirHeldError
-    from mlperf.validate import ConfigError
 
     if os.environ.get("MULTIPOD_DEBUG"):
         raise e
     if isinstance(e, WorkdirHeldError):  # nothing written: the work directory is not ours
         print(f"multipod: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_WORKDIR_HELD)
-    from input_pipeline.storage import StorageError
-
-    # An object store that refuses or cannot be reached is one line too (it names the
-    # store, the operation and the path), not a bug.
-    if isinstance(e, (ConfigError, FileNotFoundError, DistributedSetupError, StorageError)):
-        _fail(str(e), _WORKDIR.value, keep_traceback=False)  # bad input: one clear line
+    if isinstance(e, bad_input_errors()):  # bad input: one clear line
+        print(f"multipod: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_BAD_INPUT)
     # A peer's death surfaces as a failed collective (gloo raises ValueError).
     lost = PeerLostError.from_collective_error(
         e, _coordinates["process_id"], _coordinates["num_processes"]
     )
     if lost is not None:
         lost.exit()
-    if isinstance(e, ValueError):
-        _fail(str(e), _WORKDIR.value, keep_traceback=True)
     traceback.print_exception(e)
     print(f"multipod: unexpected error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_CRASH)
@@ -217,7 +243,7 @@ def main(argv: list[str]) -> None:
             file=sys.stderr,
         )
         raise SystemExit(130) from None
-    except Exception as e:  # noqa: BLE001 - sorted below: peer lost, bad input, or a bug
+    except Exception as e:  # noqa: BLE001 - sorted below: bad input, peer lost, or a bug
         _handle(e)
     if result["status"] == "preempted":  # checkpoint written: run the command again
         raise SystemExit(PREEMPTED_EXIT_CODES.get(result["stop_signal"], EXIT_PREEMPTED))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import abc
 from typing import Any, ClassVar
 
+from input_pipeline.input_errors import InputError
+
 PyTree = Any
 
 
@@ -48,7 +50,7 @@ class PretrainedModules(Pretrained):
                 _compare(subtree, param_shapes[name], name, problems)
         if problems:
             shown = "; ".join(problems[:4])
-            raise ValueError(
+            raise InputError(
                 f"the pretrained weights do not fit the model ({len(problems)} differences): "
                 f"{shown}."
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from input_pipeline.input_errors import InputError
 from mlperf.task import Task
 
 
@@ -24,6 +25,6 @@ def get_task(config) -> Task:
         from mlperf.maskrcnn.task import MaskRcnnTask
 
         return MaskRcnnTask(config)
-    raise ValueError(
+    raise InputError(
         f"benchmark {name!r} is not implemented; available: bert, transformer, ssd, maskrcnn."
     )

@@ -19,6 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from input_pipeline.input_errors import InputError
 from mlperf.layers.linear import FrozenParam
 from parallel.partition import Partitioner, is_logical_leaf
 from parallel.rules import STACK_AXIS
@@ -262,13 +263,13 @@ def load_params(
             continue
         if tuple(host.shape) != tuple(old.shape):
             name = "/".join(str(k) for k in _path_key(path))
-            raise ValueError(f"pretrained {name} has shape {host.shape}, the model {old.shape}")
+            raise InputError(f"pretrained {name} has shape {host.shape}, the model {old.shape}")
         host = np.asarray(host, old.dtype)
         leaves.append(partitioner.from_host(host, sharding))
         used += 1
     if used != len(given):
         unknown = sorted(set(given) - {_path_key(p) for p, _ in flat})
-        raise ValueError(f"pretrained parameters not in the model: {unknown[:3]}")
+        raise InputError(f"pretrained parameters not in the model: {unknown[:3]}")
     params = jax.tree_util.tree_unflatten(treedef, leaves)
 
     def init_opt(p):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from input_pipeline import storage
+from input_pipeline.input_errors import InputError
 from input_pipeline.tf1_checkpoint import Tf1Checkpoint, is_tf1_checkpoint
 from mlperf.bert.hf_export import HfTensor, from_hf_layout, hf_shape, hf_tensors, is_stacked
 from mlperf.bert.model import BertConfig
@@ -156,7 +157,7 @@ class _HfSource:
         try:
             import torch
         except ImportError:
-            raise ValueError(
+            raise InputError(
                 f"{self.path} is a PyTorch pickle and torch is not installed; install torch "
                 "or save the model with safetensors (model.save_pretrained(dir))"
             ) from None
@@ -230,7 +231,7 @@ def check_config(source_config: str, cfg: BertConfig, tf1: bool = False) -> None
             f"model.gelu_approximate={cfg.gelu_approximate})"
         )
     if wrong:
-        raise ValueError(
+        raise InputError(
             f"{source_config} disagrees with the model config: {'; '.join(wrong)}. Choose the "
             "matching variant or override those values."
         )
@@ -265,7 +266,7 @@ class PretrainedBert(Pretrained):
         if missing:
             names = ", ".join(self.source.name(t) for t in missing[:3])
             held = ", ".join(self.source.available()[:5])
-            raise ValueError(
+            raise InputError(
                 f"{self.source.format} {self.source.path} lacks {len(missing)} variable(s) "
                 f"the model needs: {names}{' ...' if len(missing) > 3 else ''} (it holds "
                 f"e.g. {held}); is it a BertForPreTraining checkpoint with "
@@ -281,7 +282,7 @@ class PretrainedBert(Pretrained):
                     f"{self.source.name(t)} is {have} in the checkpoint, the config needs {need}"
                 )
         if wrong:
-            raise ValueError(
+            raise InputError(
                 f"{self.source.format} {self.source.path} does not match the model config: "
                 f"{'; '.join(wrong[:3])}{' ...' if len(wrong) > 3 else ''}. Choose the "
                 "matching variant (e.g. configs/bert.py:large) or override model.*."

@@ -15,6 +15,7 @@ import numpy as np
 
 from input_pipeline.detection_augment import eval_view, ssd_train_augment
 from input_pipeline.grain_pipeline import GlobalOrderHostRows, padded_eval_batches
+from input_pipeline.input_errors import InputError
 from mlperf.ssd.boxes import BoxEncoder
 
 _AUGMENT_STREAM = 7919  # separates augmentation randomness from the shuffle's
@@ -73,7 +74,7 @@ def train_loader(
     """Endless, checkpointable loader of this host's training batches (`colour`: the SSD
     photometric distortion on top of crop and flip)."""
     if len(source) == 0:
-        raise ValueError("the SSD training split is empty: check data.eval_count and the JSON.")
+        raise InputError("the SSD training split is empty: check data.eval_count and the JSON.")
     rows = SsdTrainRows(
         source, host_batch_size, shard_index, shard_count, seed, image_size, encoder, colour
     )
