@@ -2,7 +2,7 @@
 
 Variants: tiny (embedded stdlib-docstring corpus, CPU, minutes; `make run`),
 wikitext (WikiText-2 + tiny-shakespeare with the real bert-base-uncased vocab, under
-data.data_dir),
+data.data_dir), wikitext_packed (wikitext with sequence packing),
 tiny_tfrecord (the tiny model on the committed reference-format TFRecord fixture),
 base, large, mlperf_v07 (Google's MLPerf v0.7 JAX run: BERT-large, GBS 8192, LAMB);
 base, large and mlperf_v07 read the MLPerf reference's TFRecords from data.data_dir.
@@ -19,7 +19,7 @@ from configs.common import (
     train_block,
 )
 
-VARIANTS = ("tiny", "tiny_tfrecord", "wikitext", "base", "large", "mlperf_v07")
+VARIANTS = ("tiny", "tiny_tfrecord", "wikitext", "wikitext_packed", "base", "large", "mlperf_v07")
 
 # The MLPerf reference's preprocessed data (data.format=mlperf_tfrecord): point
 # data.data_dir at the folder holding them (docs/official-inputs.md).
@@ -168,6 +168,15 @@ def get_config(arg: str = "tiny") -> ConfigDict:
     """Returns the config for one variant."""
     if arg not in VARIANTS:
         raise ValueError(f"unknown bert variant {arg!r}; choose one of {VARIANTS}.")
+    if arg == "wikitext_packed":
+        c = get_config("wikitext")
+        c.variant = arg
+        # 1.51 sequences per packed row on this data (docs/results/bert-packing.md): 42
+        # rows hold about wikitext's 64 sequences a step, so its schedule and eval
+        # interval (in sequences) carry over.
+        c.data.packing.enabled = True
+        c.train.global_batch_size = 42
+        return c
     c = _base()
     c.variant = arg
     if arg == "tiny":
