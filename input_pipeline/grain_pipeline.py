@@ -92,7 +92,7 @@ def train_loader(
 ) -> grain.DataLoader:
     """An endless loader of this host's rows of the global batches (GlobalOrderHostRows).
 
-    worker_count > 0 reads in that many grain worker processes (launch.bench measures
+    worker_count > 0 reads in that many grain worker processes (launch.bench.step measures
     which count pays off; pre-built examples are cheap, so the default reads in-process).
     read_threads: threads per process that read records ahead (grain's ReadOptions; None:
     grain's default of 16). 0 reads each record when the batch is made: on a 2-core host

@@ -28,9 +28,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 'optax', optax.__version__, jax.devices())"
 
 one_gpu=(--mesh data=1,model=1)
-bench() {  # bench ARGS...: one row of launch.bench --synthetic --json
+bench() {  # bench ARGS...: one row of launch.bench.step --synthetic --json
     echo "== bench $*"
-    timeout "$BENCH_LIMIT_S" "$PYTHON" -m launch.bench --synthetic --json --steps 10 --repeats 3 \
+    timeout "$BENCH_LIMIT_S" "$PYTHON" -m launch.bench.step --synthetic --json --steps 10 --repeats 3 \
         "${one_gpu[@]}" "$@" >"$WORK/bench.json" || { echo "bench failed (rc $?)"; return; }
     "$PYTHON" -c "import json,sys; r=json.load(open(sys.argv[1])); r['args']=sys.argv[2:]; \
 print(json.dumps(r))" "$WORK/bench.json" "$@" | tee -a "$OUT/bench.jsonl"

@@ -1,7 +1,7 @@
 """Our Transformer's PyTorch peer: `torch.nn.Transformer` (pre-LN, ReLU) with one embedding
 shared by source, target and the output projection, and sinusoidal positions.
 
-The peers benchmark (launch/bench_peers.py) trains it beside ours; `launch.export
+The peers benchmark (launch/bench/peers.py) trains it beside ours; `launch.export
 --format torch` writes a Transformer run's weights under its names (the mapping is
 mlperf/transformer/torch_export.py). One sentence pair per row: segments and packing
 are ours only (padding is a key-padding mask here).

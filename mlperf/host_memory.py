@@ -18,10 +18,11 @@ process does anyway.
 It pays where a step's scratch memory is large and one thread runs it: BERT-base on one
 CPU device, 5.6 -> 5.4 s a step alone, 7.3 -> 5.4 s beside torch. It costs where many
 threads allocate: one arena serialises them, and BERT tiny on 8 fake devices ran 35%
-slower (6.58 -> 4.31 steps/s). So it is off by default; `launch.bench peers` (one
+slower (6.58 -> 4.31 steps/s). So it is off by default; `launch.bench.peers` (one
 device, one thread per side) turns it on, and `MULTIPOD_KEEP_HOST_MEMORY=1` turns it on
-for `launch.train` and `launch.bench` (`0` turns it off in `peers`). XLA's threads get
-an arena each on their first allocation: it must be set before JAX starts its backend.
+for `launch.train` and the other `launch.bench` tools (`0` turns it off in `peers`). XLA's
+threads get an arena each on their first allocation: it must be set before JAX starts its
+backend.
 """
 
 from __future__ import annotations

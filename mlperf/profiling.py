@@ -1,5 +1,5 @@
 """A `jax.profiler` trace of a window of train steps: `launch.train --profile_steps=a:b`,
-and `trace_steps` for `launch.bench --profile_dir`.
+and `trace_steps` for `launch.bench.step --profile_dir`.
 
     window = ProfileWindow("10:13", workdir)      # steps 10, 11, 12 (half-open, like a slice)
     for step in ...:                                # step = index of the step about to run

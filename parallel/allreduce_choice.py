@@ -3,7 +3,7 @@
 size, ranked by libtpu's step-time estimate (`optimal_seconds`).
 
 The planner (`launch.plan --collectives`) asks this for each candidate's `data` axis and
-gradient bytes per device; `launch.bench collectives` tables it over sizes and slices.
+gradient bytes per device; `launch.bench.collectives` tables it over sizes and slices.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch import bench_collectives
+from launch.bench import collectives as bench_collectives
 
 
 def test_parse_size():
@@ -65,7 +65,7 @@ def test_tpu_compiler_estimates_every_algorithm_on_a_v3_slice():
 
 
 def test_no_tpu_estimates_flag_skips_the_aot_compiles(tmp_path):
-    """`launch.bench collectives --no_tpu_estimates`: CPU rows only, no topology rows."""
+    """`launch.bench.collectives --no_tpu_estimates`: CPU rows only, no topology rows."""
     import json
     import subprocess
     import sys
@@ -73,7 +73,7 @@ def test_no_tpu_estimates_flag_skips_the_aot_compiles(tmp_path):
     from conftest import REPO, cpu_env
 
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "collectives", "--no_tpu_estimates"]
+        [sys.executable, "-m", "launch.bench.collectives", "--no_tpu_estimates"]
         + ["--sizes=4K", "--device_counts=2", "--repeats=1", "--json"],
         cwd=REPO,
         env=cpu_env(2),

@@ -1,4 +1,4 @@
-"""`python -m launch.bench --config ...`: step rate, MFU and the input rate against the step's."""
+"""`python -m launch.bench.step --config ...`: step rate, MFU, input rate against the step's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from conftest import REPO, cpu_env
 
 
 def test_bench_reports_step_and_input_rates_and_whether_input_keeps_up():
-    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:tiny"]
+    cmd = [sys.executable, "-m", "launch.bench.step", "--config", "configs/bert.py:tiny"]
     cmd += ["--steps", "2", "--repeats", "1", "--input_workers", "0", "--json"]
     cmd += ["--config.model.hidden_size=32", "--config.model.mlp_dim=64"]
     out = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True)
@@ -36,7 +36,7 @@ def test_synthetic_times_the_step_of_a_config_whose_data_is_absent(tmp_path):
     stage before the first step reports its end (a GPU run cut short shows where)."""
     data_dir, trace_dir = tmp_path / "data", tmp_path / "trace"
     data_dir.mkdir()
-    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:wikitext"]
+    cmd = [sys.executable, "-m", "launch.bench.step", "--config", "configs/bert.py:wikitext"]
     cmd += [f"--config.data.data_dir={data_dir}", "--steps", "1", "--repeats", "1"]
     cmd += ["--synthetic", "--json", "--config.model.hidden_size=32", "--config.model.mlp_dim=64"]
     cmd += [f"--profile_dir={trace_dir}", "--trace_steps=2"]
@@ -56,7 +56,7 @@ def test_synthetic_times_the_step_of_a_config_whose_data_is_absent(tmp_path):
 
 
 def test_a_trace_of_no_steps_is_a_usage_error(tmp_path):
-    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:tiny"]
+    cmd = [sys.executable, "-m", "launch.bench.step", "--config", "configs/bert.py:tiny"]
     cmd += ["--synthetic", f"--profile_dir={tmp_path}", "--trace_steps=0"]
     out = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
@@ -64,7 +64,7 @@ def test_a_trace_of_no_steps_is_a_usage_error(tmp_path):
 
 
 def test_a_missing_data_file_is_one_line_not_a_traceback(tmp_path):
-    cmd = [sys.executable, "-m", "launch.bench", "--config", "configs/bert.py:wikitext"]
+    cmd = [sys.executable, "-m", "launch.bench.step", "--config", "configs/bert.py:wikitext"]
     cmd += [f"--config.data.data_dir={tmp_path}", "--steps", "1", "--input_workers", "0"]
     out = subprocess.run(cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True)
     assert out.returncode == 2, out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""launch.bench xent: rows of both forms on small logits, the shape parser, the CLI's errors."""
+"""launch.bench.cross_entropy: both forms on small logits, the shape parser, the CLI's errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import REPO, cpu_env
 
-from launch import bench_cross_entropy
+from launch.bench import cross_entropy as bench_cross_entropy
 
 
 def test_parse_shape_reads_rows_by_vocab_and_names_a_bad_one():
@@ -41,7 +41,15 @@ def test_bench_with_a_bias_checks_and_times_the_bias_gradient_too():
 
 
 def test_cli_prints_json_rows_and_refuses_a_bad_shape():
-    cmd = [sys.executable, "-m", "launch.bench", "xent", "--xent_shapes", "8x32", "--rounds", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.bench.cross_entropy",
+        "--xent_shapes",
+        "8x32",
+        "--rounds",
+        "1",
+    ]
     out = subprocess.run(cmd + ["--json"], cwd=REPO, env=cpu_env(), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     (row,) = json.loads(out.stdout)

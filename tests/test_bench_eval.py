@@ -1,4 +1,4 @@
-"""launch.bench eval: rows for each chunk count on a small BERT, the same hits for each,
+"""launch.bench.eval: rows for each chunk count on a small BERT, the same hits for each,
 and the CLI's one-line errors."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_bench_usage_error, small_bert_config
 
-from launch import bench_eval
+from launch.bench import eval as bench_eval
 from mlperf.validate import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""launch.bench kernels: both sides compute the same chains; the table and the CLI's checks."""
+"""launch.bench.kernels: both sides compute the same chains; the table and the CLI's checks."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from launch import bench_kernels as bk
+from launch.bench import kernels as bk
 
 
 def test_each_kernel_computes_the_same_chain_on_both_sides():
@@ -68,7 +68,7 @@ def test_rows_that_are_not_whole_sentences_are_refused():
 )
 def test_the_cli_refuses_bad_values_in_one_line_before_timing(flag, message):
     out = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "kernels", *flag],
+        [sys.executable, "-m", "launch.bench.kernels", *flag],
         capture_output=True,
         text=True,
         timeout=120,

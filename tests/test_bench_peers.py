@@ -1,4 +1,4 @@
-"""launch.bench peers: one round of each comparison at small sizes (no timing asserted)."""
+"""launch.bench.peers: one round of each comparison at small sizes (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from launch import bench_peers as bp
-from launch import peer_ceiling
+from launch.bench import peer_ceiling
+from launch.bench import peers as bp
 from parallel.hlo_counts import hlo_flops
 
 BERT = bp.BertSize("test", 96, 32, 1, 4, 64, 16, 4, 8, 0.0)

@@ -1,4 +1,4 @@
-"""`python -m launch.bench startup`: time to run_start, first run against a repeat on one
+"""`python -m launch.bench.startup`: time to run_start, first run against a repeat on one
 fresh compilation cache."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import REPO, cpu_env
 
-from launch import bench_startup
+from launch.bench import startup as bench_startup
 
 
 def _mllog_line(key: str, time_ms: int) -> str:
@@ -63,7 +63,7 @@ def test_the_table_prints_each_run_and_an_error_row():
 
 def test_an_unknown_config_is_one_line_and_exit_2():
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.bench", "startup", "--startup_configs", "bert:huge"],
+        [sys.executable, "-m", "launch.bench.startup", "--startup_configs", "bert:huge"],
         cwd=REPO,
         env=cpu_env(),
         capture_output=True,

@@ -1,4 +1,4 @@
-"""launch.bench variants: variant overrides parsed and applied (bad keys named), a row per
+"""launch.bench.variants: variant overrides parsed and applied (bad keys named), a row per
 variant with the baseline's first losses for a speed-only change, and the CLI's one-line
 errors."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_bench_usage_error, small_bert_config
 
-from launch import bench_variants
+from launch.bench import variants as bench_variants
 
 
 def test_parse_variant_reads_literals_and_names_a_bad_item():

@@ -60,7 +60,7 @@ if [ -n "$dump" ]; then
   mkdir -p "$dump" && for i in 1 2 3 4 5 6 7 8 9; do echo hlo > "$dump/m$i.txt"; done
 fi
 case "$args" in
-  *" launch.bench "*)
+  *" launch.bench.step "*)
     profile=$(printf '%s' "$args" | grep -o -- '--profile_dir=[^ ]*' | cut -d= -f2)
     [ -n "$profile" ] && mkdir -p "$profile/plugins/profile/run" \
         && echo trace > "$profile/plugins/profile/run/host.xplane.pb" \

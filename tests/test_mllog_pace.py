@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from launch.mllog_pace import main
+from launch.bench.mllog_pace import main
 from mlperf.mllog_pace import step_pace
 
 

@@ -86,7 +86,7 @@ def check_translations_equal_the_evaluators_token_for_token(trained, translator)
 def check_torch_export_loads_in_the_peer_model_and_gives_our_logits(run, trained, tmp_path):
     import torch
 
-    from launch.bench_peers import TransformerSize, synthetic_translation_batch
+    from launch.bench.peers import TransformerSize, synthetic_translation_batch
     from launch.torch_transformer import TorchTransformer
 
     paths = export(str(run), "torch", output=str(tmp_path / "torch"))  # restores it itself

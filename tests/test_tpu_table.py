@@ -1,4 +1,4 @@
-"""`python -m launch.bench tpu`'s table code on BERT tiny rows (v3:2x2, v4:2x2x1): each
+"""`python -m launch.bench.tpu`'s table code on BERT tiny rows (v3:2x2, v4:2x2x1): each
 row a real `launch.inspect` process, cached, summarised and rendered; a failed compile
 keeps its error in its row and the table goes on."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from launch import bench_tpu
-from mlperf import tpu_table
+from launch.bench import tpu as bench_tpu
+from launch.tables import tpu as tpu_table
 
 pytestmark = pytest.mark.xdist_group("aot")
 
@@ -49,7 +49,7 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
     text = tpu_table.markdown(rows + failed, bench_tpu.header(["bert"], ["v3"], "tiny", ""))
     lines = text.splitlines()
     assert lines[0].startswith("# TPU table") and "libtpu" in text
-    assert "launch.bench tpu --models bert" in text
+    assert "launch.bench.tpu --models bert" in text
     table = [ln for ln in lines if ln.startswith("| bert")]
     assert len(table) == 3 and "error: timed out" in table[2]
     assert "ms with ICI overlapped, " in table[0] and " ms serial)" in table[0]

@@ -6,7 +6,7 @@ examples when one device's [B, H, Q, K] scores are larger than `CPU_BLOCK_BYTES`
 block's scores stay in the core's cache between the score product, the softmax and the
 product with the values, where the whole tensor (2 MiB at the Transformer tiny size) goes
 out to memory between them. The blocks are independent, but XLA:CPU's executor runs them
-one after another, not on two cores at once (`launch.bench kernels --kernel_chains`,
+one after another, not on two cores at once (`launch.bench.kernels --kernel_chains`,
 docs/design.md): the cache is the whole gain, a few percent of a step.
 
 The blocks interleave (block c holds examples c, c + n, c + 2n, ...), so each holds the

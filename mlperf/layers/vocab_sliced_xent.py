@@ -13,7 +13,7 @@ backward pass makes each slice's logits again, turns them into the slice's gradi
 `softmax - targets`, and uses it at once for the slice's table and bias gradients and the
 input gradient's running sum. The price is one more [N, D] x [D, V] matmul. On a 2-core
 CPU the slices, with bfloat16 matmul operands, make bert:wikitext's train step about 1.2x
-faster (`python -m launch.bench --config configs/bert.py:wikitext
+faster (`python -m launch.bench.step --config configs/bert.py:wikitext
 --config.model.train_head_vocab_slice=0` for the whole-logits step; docs/design.md,
 "The masked-LM head a vocabulary slice at a time").
 

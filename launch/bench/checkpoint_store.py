@@ -1,6 +1,6 @@
 """Checkpoint save and restore time, a local folder against a bucket, in one run.
 
-    python -m launch.bench_checkpoint_store --config configs/bert.py:base \\
+    python -m launch.bench.checkpoint_store --config configs/bert.py:base \\
         --local /tmp/ckpt-bench --bucket gs://my-bucket/ckpt-bench [--repeats 3]
 
 Builds the config's train state (no data prepared), saves and restores it once untimed
@@ -17,15 +17,15 @@ import gc
 import statistics
 import time
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-from launch.cli import parse_flags
+from launch.bench.common import CONFIG, REPEATS, run
+from launch.cli import usage_error
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/bert.py:base.")
-_LOCAL = flags.DEFINE_string("local", None, "A local folder for the local saves.", required=True)
-_BUCKET = flags.DEFINE_string("bucket", None, "A gs:// folder for the bucket saves.", required=True)
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Saves (and restores) per destination.")
+# Checked in main, not `required`: a test process imports several tools, and absl checks a
+# required flag whenever any of them parses flags.
+_LOCAL = flags.DEFINE_string("local", "", "A local folder for the local saves.")
+_BUCKET = flags.DEFINE_string("bucket", "", "A gs:// folder for the bucket saves.")
 
 
 def measure(trainer, state, directory: str, repeats: int) -> dict[str, float]:
@@ -63,26 +63,26 @@ def measure(trainer, state, directory: str, repeats: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from input_pipeline import storage
     from mlperf.checkpoint import configure_checkpointing
     from mlperf.train_state import param_count
     from mlperf.trainer import build_trainer
 
+    if CONFIG.value is None or not _LOCAL.value:
+        usage_error("give --config, --local DIR and --bucket gs://BUCKET/FOLDER")
     if not storage.is_url(_BUCKET.value):
-        raise app.UsageError(f"--bucket {_BUCKET.value}: give a gs:// URL")
+        usage_error(f"--bucket {_BUCKET.value!r}: give a gs:// URL")
     configure_checkpointing()
-    trainer = build_trainer(_CONFIG.value, prepare_data=False)
+    trainer = build_trainer(CONFIG.value, prepare_data=False)
     state = trainer.init_state()
     # A first save and restore, untimed: it compiles the conversions to stored shapes.
     measure(trainer, state, storage.resolve(_LOCAL.value) + "-warmup", 1)
     rows = {}
     for name, where in (("local", storage.resolve(_LOCAL.value)), ("bucket", _BUCKET.value)):
-        rows[name] = measure(trainer, state, where, _REPEATS.value)
+        rows[name] = measure(trainer, state, where, REPEATS.value)
     print(
-        f"{_CONFIG.value.variant}: {param_count(trainer.layout) / 1e6:.1f}M parameters, "
-        f"{rows['local']['mib']:.0f} MiB per checkpoint, median of {_REPEATS.value}"
+        f"{CONFIG.value.variant}: {param_count(trainer.layout) / 1e6:.1f}M parameters, "
+        f"{rows['local']['mib']:.0f} MiB per checkpoint, median of {REPEATS.value}"
     )
     print("| destination | save + commit (s) | restore (s) |")
     print("|---|---|---|")
@@ -96,4 +96,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run(main)

@@ -1,6 +1,6 @@
-"""`python -m launch.bench tpu`: the TPU table of `mlperf_v07` compiles (mlperf/tpu_table.py).
+"""`python -m launch.bench.tpu`: the TPU table of `mlperf_v07` compiles (launch/tables/tpu.py).
 
-    python -m launch.bench tpu [--models bert,transformer,ssd,maskrcnn]
+    python -m launch.bench.tpu [--models bert,transformer,ssd,maskrcnn]
         [--generations v3,v4,v5p,v5e,v6e] [--variant mlperf_v07] [--out docs/tpu-table.md]
         [--cache_dir /tmp/multipod-tpu-table] [--timeout_s 900] [--nocompile]
 
@@ -16,7 +16,22 @@ import sys
 import time
 from pathlib import Path
 
-from mlperf import tpu_table
+from absl import flags
+
+from launch.bench.common import run as run_tool
+from launch.tables import tpu as tpu_table
+
+_MODELS = flags.DEFINE_list("models", ["bert", "transformer", "ssd", "maskrcnn"], "mlperf configs.")
+_GENERATIONS = flags.DEFINE_list(
+    "generations", ["v3", "v4", "v5p", "v5e", "v6e"], "TPU generations."
+)
+_VARIANT = flags.DEFINE_string(
+    "variant", "mlperf_v07", "Config variant (others compile on 2x2 slices)."
+)
+_OUT = flags.DEFINE_string("out", "", "Also write the markdown table here.")
+_CACHE = flags.DEFINE_string("cache_dir", "/tmp/multipod-tpu-table", "One JSON per compiled row.")
+_TIMEOUT = flags.DEFINE_float("timeout_s", 900.0, "Seconds per row's compile.")
+_COMPILE = flags.DEFINE_bool("compile", True, "Compile rows not in the cache.")
 
 
 def header(models: list[str], generations: list[str], variant: str, out: str) -> str:
@@ -37,7 +52,7 @@ def header(models: list[str], generations: list[str], variant: str, out: str) ->
         except md.PackageNotFoundError:
             versions[package] = "not installed"
     command = (
-        f"python -m launch.bench tpu --models {','.join(models)} "
+        f"python -m launch.bench.tpu --models {','.join(models)} "
         f"--generations {','.join(generations)}"
         + (f" --variant {variant}" if variant != "mlperf_v07" else "")
         + (f" --out {out}" if out else "")
@@ -69,7 +84,7 @@ def run(
     return rows
 
 
-def main(
+def write_table(
     models: list[str],
     generations: list[str],
     variant: str,
@@ -93,3 +108,19 @@ def main(
     print(text)
     if out:
         Path(out).write_text(text)
+
+
+def main(argv: list[str]) -> None:
+    write_table(
+        _MODELS.value,
+        _GENERATIONS.value,
+        _VARIANT.value,
+        _OUT.value,
+        _CACHE.value,
+        _TIMEOUT.value,
+        _COMPILE.value,
+    )
+
+
+if __name__ == "__main__":
+    run_tool(main)

@@ -1,7 +1,7 @@
 """The small row-wise kernels of a tiny model's step, JAX against torch, on this process's
 threads.
 
-    python -m launch.bench kernels [--kernel_rows 512,2048,8192] [--peer_threads 1]
+    python -m launch.bench.kernels [--kernel_rows 512,2048,8192] [--peer_threads 1]
                                    [--kernel_chains 4]
 
 Each kernel runs on `[rows, 64]` float32 activations (the Transformer tiny width; 2,048
@@ -31,14 +31,28 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from absl import flags
 
+from launch.bench.common import JSON, PEER_THREADS, one_device_peers, run
+from launch.cli import usage_error
 from launch.markdown import markdown_table
+
+_ROWS = flags.DEFINE_list(
+    "kernel_rows", ["512", "2048", "8192"], "Rows of the [rows, 64] activations."
+)
+_CHAINS = flags.DEFINE_integer(
+    "kernel_chains",
+    0,
+    "Also time this many independent JAX chains in one program against one chain "
+    "as long as all of them (0: skip; 2 or more).",
+)
 
 WIDTH = 64
 CHAIN = 50
@@ -295,3 +309,33 @@ def concurrency_table(rows: list[dict[str, Any]], threads: str) -> str:
             for r in rows
         ],
     )
+
+
+def main(argv: list[str]) -> None:
+    one_device_peers()  # before jax starts its backend
+    text = ",".join(_ROWS.value)
+    try:
+        rows = [int(r) for r in _ROWS.value]
+    except ValueError:
+        usage_error(f"kernels: --kernel_rows={text}: give whole numbers, e.g. 512,2048")
+    try:
+        check_rows(rows)
+    except ValueError as e:
+        usage_error(f"kernels: --kernel_rows={text}: {e}")
+    chains = _CHAINS.value
+    if chains and chains < 2:
+        usage_error(f"kernels: --kernel_chains={chains}: give 0 (skip) or 2 or more, e.g. 4")
+    result = measure(rows)
+    together = concurrency(rows, chains=chains) if chains else []
+    threads = str(PEER_THREADS.value) if PEER_THREADS.value else "default"
+    if JSON.value:
+        print(json.dumps({"kernels": result, "concurrency": together}, indent=2))
+        return
+    print(table(result, threads))
+    if together:
+        print()
+        print(concurrency_table(together, threads))
+
+
+if __name__ == "__main__":
+    run(main, keep_memory=False)  # one_device_peers keeps host memory by default

@@ -1,4 +1,4 @@
-"""`python -m launch.bench variants --config C --change K=V[,K=V] ...`: the train step of a
+"""`python -m launch.bench.variants --config C --change K=V[,K=V] ...`: the train step of a
 config and of variants of it, timed in turns in one process.
 
 Every variant (and the config as given, the baseline) is built and compiled, starts from
@@ -20,8 +20,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from absl import flags
 
+from launch.bench.common import CONFIG, MESH, ROUNDS, STEPS, print_rows, run
+from launch.cli import usage_error
 from launch.markdown import markdown_table
+from mlperf.validate import ConfigError, apply_mesh_override
+from parallel.mesh import MeshShapeError
+
+_CHANGES = flags.DEFINE_multi_string(
+    "change", [], "KEY=VALUE[,KEY=VALUE] overrides of --config, one per variant."
+)
 
 
 def parse_variant(text: str) -> dict[str, Any]:
@@ -104,8 +113,8 @@ def bench(config, variants: Sequence[str], steps: int, rounds: int) -> list[dict
         validate(c, len(select_devices(jax.devices(), c.mesh.get("num_devices", 0))))
     runs = [_Run(name, c, steps) for name, c in configs]
     for _ in range(rounds):
-        for run in runs:
-            run.time_round()
+        for timed in runs:
+            timed.time_round()
     base = statistics.median(runs[0].rates)
     return [
         {
@@ -134,3 +143,21 @@ def table(rows: list[dict]) -> str:
             for r in rows
         ],
     )
+
+
+def main(argv: list[str]) -> None:
+    config = CONFIG.value
+    if config is None:
+        usage_error("variants: give --config, e.g. configs/bert.py:wikitext")
+    if not _CHANGES.value:
+        usage_error("variants: give at least one --change KEY=VALUE, e.g. model.remat=True")
+    try:
+        apply_mesh_override(config, MESH.value)
+        rows = bench(config, _CHANGES.value, max(STEPS.value, 1), max(ROUNDS.value, 1))
+    except (ValueError, ConfigError, MeshShapeError, FileNotFoundError) as e:
+        usage_error(f"variants: {e}")
+    print_rows(rows, table)
+
+
+if __name__ == "__main__":
+    run(main)

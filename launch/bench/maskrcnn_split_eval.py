@@ -1,7 +1,7 @@
 """COCO box and mask mAP of a Mask R-CNN run's checkpoint and of the untrained model, on
 the eval split and on the training split, outside the training loop.
 
-    python -m launch.maskrcnn_split_eval --workdir W [--step N]
+    python -m launch.bench.maskrcnn_split_eval --workdir W [--step N]
 
 The config comes from the checkpoint (a run's workdir); the untrained parameters are
 the initialisation of that config's seed: the baseline that a trained model's mAP must

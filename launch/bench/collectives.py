@@ -1,6 +1,6 @@
 """All-reduce algorithms measured against the alpha-beta model and XLA's own all-reduce.
 
-    python -m launch.bench collectives [--sizes 4K,64K,1M,16M,64M] [--device_counts 2,4,8]
+    python -m launch.bench.collectives [--sizes 4K,64K,1M,16M,64M] [--device_counts 2,4,8]
                                        [--plot collectives.png] [--json] [--no_tpu_estimates]
 
 For each device count P (a 1-D mesh of the first P devices) and message size (bytes per
@@ -22,14 +22,24 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import flags
 from jax.sharding import NamedSharding, PartitionSpec
 
+from launch.bench.common import REPEATS, print_rows, run
+from launch.cli import usage_error
 from parallel import collectives, costmodel
 from parallel.allreduce_choice import XLA
 from parallel.host_rates import median_time
 from parallel.mesh import build_mesh
 
 AOT_TOPOLOGIES = ("v3:4x4", "v3:32x32")
+
+_SIZES = flags.DEFINE_list("sizes", ["4K", "64K", "1M", "16M", "64M"], "Bytes per device (K/M/G).")
+_DEVICE_COUNTS = flags.DEFINE_list("device_counts", ["2", "4", "8"], "Device counts P.")
+_PLOT = flags.DEFINE_string("plot", "", "Write a bandwidth plot (PNG) here.")
+_NO_TPU_ESTIMATES = flags.DEFINE_bool(
+    "no_tpu_estimates", False, "Skip the TPU AOT compiles (~15 min on 2 cores)."
+)
 
 
 def parse_size(text: str) -> int:
@@ -240,3 +250,21 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str]) -> None:
+    try:
+        sizes = [parse_size(s) for s in _SIZES.value]
+    except ValueError as e:
+        usage_error(f"--sizes: {e}")
+    topologies = () if _NO_TPU_ESTIMATES.value else AOT_TOPOLOGIES
+    counts = [int(p) for p in _DEVICE_COUNTS.value]
+    rows = bench(sizes, counts, REPEATS.value, aot_topologies=topologies)
+    print_rows(rows, table)
+    if _PLOT.value:
+        plot(rows, _PLOT.value)
+        print(f"plot: {_PLOT.value}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,4 +1,4 @@
-"""`python -m launch.bench xent`: the train loss's softmax cross-entropy, ours against the
+"""`python -m launch.bench.cross_entropy`: the train loss's softmax cross-entropy, ours against the
 textbook autodiff form, in one process.
 
 Times the loss and gradient of [rows, vocab] fp32 logits under `jax.jit`, both forms
@@ -20,10 +20,24 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
+from launch.bench.common import ROUNDS, print_rows, run
+from launch.cli import usage_error
 from launch.markdown import markdown_table
 from mlperf.layers.bias import add_bias
 from mlperf.layers.cross_entropy import softmax_cross_entropy
+
+_SHAPES = flags.DEFINE_list(
+    "xent_shapes",
+    ["320x2048", "640x30522", "4096x4000"],
+    "ROWSxVOCAB logits (bert:tiny's and bert:wikitext's masked positions, "
+    "transformer:multi30k's tokens).",
+)
+_SMOOTHING = flags.DEFINE_float("xent_smoothing", 0.0, "Label smoothing.")
+_BIAS = flags.DEFINE_bool(
+    "xent_bias", False, "Add a [vocab] bias to the logits first (BERT's masked-LM head)."
+)
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -149,3 +163,18 @@ def table(rows: list[dict]) -> str:
             for r in rows
         ],
     )
+
+
+def main(argv: list[str]) -> None:
+    try:
+        shapes = [parse_shape(t) for t in _SHAPES.value]
+    except ValueError as e:
+        usage_error(f"--xent_shapes: {e}")
+    if not 0.0 <= _SMOOTHING.value < 1.0:
+        usage_error(f"--xent_smoothing {_SMOOTHING.value}: give a value in [0, 1)")
+    rows = bench(shapes, _SMOOTHING.value, max(ROUNDS.value, 1), bias=_BIAS.value)
+    print_rows(rows, table)
+
+
+if __name__ == "__main__":
+    run(main)

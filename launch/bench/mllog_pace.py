@@ -1,6 +1,6 @@
 """Per-step pace of MLPerf result logs: host dispatch against the device's own pace.
 
-    python -m launch.mllog_pace result_0.txt [result_1.txt ...]
+    python -m launch.bench.mllog_pace result_0.txt [result_1.txt ...]
 
 Prints one row per log and the medians; the library is mlperf/mllog_pace.py.
 """

@@ -1,4 +1,4 @@
-"""`python -m launch.bench eval --config configs/bert.py:wikitext`: one in-loop eval pass of
+"""`python -m launch.bench.eval --config configs/bert.py:wikitext`: one in-loop eval pass of
 a BERT config at several `model.eval_head_chunks`, in one process.
 
 Builds the config's eval set once per chunk count (the prepared data is cached), compiles
@@ -16,10 +16,18 @@ import time
 from collections.abc import Sequence
 
 import jax
+from absl import flags
 
+from launch.bench.common import CONFIG, MESH, ROUNDS, print_rows, run
+from launch.cli import usage_error
 from launch.markdown import markdown_table
 from mlperf.evaluate import Evaluator
-from mlperf.validate import ConfigError
+from mlperf.validate import ConfigError, apply_mesh_override
+from parallel.mesh import MeshShapeError
+
+_CHUNKS = flags.DEFINE_list(
+    "eval_chunks", ["1", "32"], "model.eval_head_chunks values (the first is the baseline)."
+)
 
 CHUNKS_KEY = "eval_head_chunks"
 
@@ -130,3 +138,23 @@ def table(rows: list[dict]) -> str:
             for r in rows
         ],
     )
+
+
+def main(argv: list[str]) -> None:
+    config = CONFIG.value
+    if config is None:
+        usage_error("eval: give --config, e.g. configs/bert.py:wikitext")
+    try:
+        chunks = parse_chunks(_CHUNKS.value)
+    except ValueError as e:
+        usage_error(f"--eval_chunks: {e}")
+    try:
+        apply_mesh_override(config, MESH.value)
+        rows = bench(config, chunks, max(ROUNDS.value, 1))
+    except (ConfigError, MeshShapeError, FileNotFoundError) as e:  # bad input: one line
+        usage_error(f"eval: {e}")
+    print_rows(rows, table)
+
+
+if __name__ == "__main__":
+    run(main)

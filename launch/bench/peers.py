@@ -1,6 +1,6 @@
 """Our models against their PyTorch peers, trained on one CPU device in one process.
 
-    python -m launch.bench peers [--peer_sizes tiny,base] [--rounds 5] [--peer_steps 3]
+    python -m launch.bench.peers [--peer_sizes tiny,base] [--rounds 5] [--peer_steps 3]
 
 BERT: our `mlperf.bert` pretraining step against Hugging Face `BertForPreTraining`
 at the same size, batch, dtype, dropout and optimizer (AdamW), both from random
@@ -39,8 +39,29 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import flags
 
-from launch.peer_ceiling import add_utilisation, matmul_peak
+from launch.bench.common import ROUNDS, one_device_peers, print_rows, run
+from launch.bench.peer_ceiling import add_utilisation, matmul_peak
+from launch.cli import usage_error
+
+_MODELS = flags.DEFINE_list("peer_models", ["bert", "transformer"], "Models.")
+_SIZES = flags.DEFINE_list("peer_sizes", ["tiny", "base"], "Sizes (tiny, base).")
+_STEPS = flags.DEFINE_integer("peer_steps", 3, "Train steps per side per round.")
+_LAST_ROWS = flags.DEFINE_bool(
+    "peer_last_layer_rows",
+    False,
+    "Our BERT's last layer at the heads' rows only (model.last_layer_head_positions_only).",
+)
+_DTYPE = flags.DEFINE_enum(
+    "peer_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "Compute dtype of both sides (bfloat16: ours in bf16, torch under CPU autocast).",
+)
+_EINSUM = flags.DEFINE_bool(
+    "peer_einsum_gather", False, "Our one-hot einsum lookups (the TPU choice) on CPU."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,24 +86,6 @@ BERT_SIZES = {
     # BERT-base at phase-1 sequence length; a small batch so a step fits a shared CPU.
     "base": BertSize("base", 30522, 768, 12, 12, 3072, 128, 20, 8, 0.1),
 }
-
-
-def one_cpu_device() -> None:
-    """Starts JAX with one CPU device, whatever `--xla_force_host_platform_device_count`
-    says (call before JAX's backend starts). Every comparison runs on one device; with 8
-    fake devices in the process XLA:CPU runs that device's program markedly slower (the
-    Transformer tiny step 171 ms against 121 ms on one core, docs/performance.md)."""
-    jax.config.update("jax_num_cpu_devices", 1)
-
-
-def limit_threads(threads: int) -> None:
-    """Both sides on the first `threads` CPUs: torch's intra-op threads, and XLA's pool
-    (sized from the CPU affinity when its backend starts, so call this before)."""
-    import torch
-
-    cpus = sorted(os.sched_getaffinity(0))[:threads]
-    os.sched_setaffinity(0, cpus)
-    torch.set_num_threads(threads)
 
 
 def synthetic_bert_batch(size: BertSize, seed: int = 0) -> dict[str, np.ndarray]:
@@ -346,11 +349,6 @@ def bench_bert(
     return rows
 
 
-_TRANSFORMER_MODEL = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mlperf", "transformer", "model.py"
-)
-
-
 @dataclasses.dataclass(frozen=True)
 class TransformerSize:
     """One Transformer comparison point (one sentence pair per row, padded)."""
@@ -508,8 +506,7 @@ def run_peers(
 ) -> list[dict[str, Any]]:
     """Every requested comparison in compute dtype `dtype` (float32, or bfloat16 against
     torch's CPU autocast), with both sides' MFU against the matmul peak of the same
-    threads, measured once first; a model whose code is not in the repo is skipped with a
-    note row (the Transformer lands separately)."""
+    threads, measured once first."""
     unknown = [s for s in sizes if s not in BERT_SIZES]
     if unknown:
         raise ValueError(f"unknown peer sizes {unknown}; choose from {sorted(BERT_SIZES)}.")
@@ -525,8 +522,6 @@ def run_peers(
                 rows += bench_bert(
                     BERT_SIZES[s], rounds, steps, einsum_gather, last_layer_rows, dtype, peak
                 )
-        elif not os.path.exists(_TRANSFORMER_MODEL):
-            print(f"transformer: skipped, {_TRANSFORMER_MODEL} is not in this checkout yet")
         else:
             rows += bench_transformer(sizes, rounds, steps, dtype, peak)
     return rows
@@ -548,3 +543,24 @@ def table(rows: list[dict[str, Any]]) -> str:
             line += f" {r['ours_mfu']:>8.1%} {r['peer_mfu']:>8.1%} {r['ceiling']:>6.2f}x"
         lines.append(line)
     return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    one_device_peers()  # before jax starts its backend
+    try:
+        rows = run_peers(
+            _MODELS.value,
+            _SIZES.value,
+            ROUNDS.value,
+            _STEPS.value,
+            _EINSUM.value,
+            _LAST_ROWS.value,
+            _DTYPE.value,
+        )
+    except ValueError as e:
+        usage_error(f"peers: {e}")
+    print_rows(rows, table)
+
+
+if __name__ == "__main__":
+    run(main, keep_memory=False)  # one_device_peers keeps host memory by default

@@ -1,7 +1,7 @@
-"""`python -m launch.bench startup`: time to MLPerf's `run_start`, first run against a repeat.
+"""`python -m launch.bench.startup`: time to MLPerf's `run_start`, first run against a repeat.
 
-    python -m launch.bench startup [--startup_configs bert:tiny,transformer:tiny]
-        [--data_dir ../shared/data] [--json]
+    python -m launch.bench.startup [--startup_configs bert:tiny,transformer:tiny]
+        [--data_dir DIR] [--json]
 
 Each config is started twice with `launch.train` in its own process, both times on the same
 fresh persistent compilation cache (mlperf/compilation_cache.py): the first run compiles
@@ -22,10 +22,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from launch.cli import train_command
+from absl import flags
+
+from launch.bench.common import print_rows, run
+from launch.cli import train_command, usage_error
 from mlperf import mllog_pace
 
 DEFAULT_CONFIGS = ("bert:tiny", "transformer:tiny", "ssd:tiny", "maskrcnn:tiny")
+
+_CONFIGS = flags.DEFINE_list(
+    "startup_configs",
+    list(DEFAULT_CONFIGS),
+    "benchmark:variant pairs, each started twice on one fresh compilation cache.",
+)
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "The data folder, for variants that read files.")
 
 
 def known_config(config: str) -> bool:
@@ -127,3 +137,17 @@ def table(rows: list[dict]) -> str:
             f"{repeat['cache_entries_added']} |"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    bad = [c for c in _CONFIGS.value if not known_config(c)]
+    if bad:
+        usage_error(
+            f"--startup_configs: unknown {', '.join(bad)}; give benchmark:variant pairs such "
+            "as bert:tiny or transformer:multi30k."
+        )
+    print_rows(bench(_CONFIGS.value, _DATA_DIR.value), table)
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,4 +1,4 @@
-"""How close each side of `launch.bench peers` runs to the machine's matmul peak.
+"""How close each side of `launch.bench.peers` runs to the machine's matmul peak.
 
 Both sides of a comparison do the same model FLOPs per example (the task's analytic
 `flops_per_example`, the numerator of the framework's MFU), so a row's samples/s turn into
@@ -27,7 +27,7 @@ def torch_matmul_peak(n: int = PEAK_MATMUL_SIZE, repeats: int = 5, dtype: str = 
 
 def matmul_peak(dtype: str = "float32") -> dict[str, float]:
     """The matmul peak of this process's threads in `dtype`, as each library measures it
-    (call after the threads are set: `bench_peers.limit_threads`)."""
+    (call after the threads are set: `common.limit_threads`)."""
     return {
         "jax": measure_matmul_peak(PEAK_MATMUL_SIZE, dtype=dtype),
         "torch": torch_matmul_peak(PEAK_MATMUL_SIZE, dtype=dtype),
@@ -35,7 +35,7 @@ def matmul_peak(dtype: str = "float32") -> dict[str, float]:
 
 
 def add_utilisation(row: dict[str, Any], flops_per_example: float, peak: dict[str, float]) -> None:
-    """Model FLOPs, MFU of both sides and the ceiling into a `bench_peers.compare` row.
+    """Model FLOPs, MFU of both sides and the ceiling into a `peers.compare` row.
     The peak is the faster library's: the one either side could reach."""
     best = max(peak.values())
     ours = row["ours_samples_per_s"] * flops_per_example

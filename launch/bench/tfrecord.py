@@ -1,8 +1,8 @@
 """Reading the reference's BERT TFRecords in place against converting them to array_record,
 and in place from a bucket against a local file.
 
-    python -m launch.bench_tfrecord [--records 20000] [--reads 5000] [--dir /tmp/x]
-    python -m launch.bench_tfrecord --fake_gcs      # or --url gs://BUCKET/FOLDER
+    python -m launch.bench.tfrecord [--records 20000] [--reads 5000] [--dir /tmp/x]
+    python -m launch.bench.tfrecord --fake_gcs      # or --url gs://BUCKET/FOLDER
 
 Writes one shard of reference-shaped records (seq 512, 76 predictions, random ids of a
 30,522-word vocabulary, random lengths) and measures, in one run:
@@ -30,9 +30,10 @@ import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from input_pipeline import bert_tfrecord, storage, tf_example, tfrecord
+from launch.bench.common import run
 
 _RECORDS = flags.DEFINE_integer("records", 20000, "Records in the generated shard.")
 _READS = flags.DEFINE_integer("reads", 5000, "Random reads timed per reader.")
@@ -166,8 +167,7 @@ def _fake_gcs():
     return server
 
 
-def main(argv):
-    del argv
+def main(argv: list[str]) -> None:
     from array_record.python import array_record_data_source, array_record_module
 
     folder = _DIR.value or tempfile.mkdtemp(prefix="bench_tfrecord_")
@@ -241,4 +241,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run(main, keep_memory=False)
