@@ -18,7 +18,8 @@ training continues.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -113,6 +114,38 @@ class Evaluator:
     def evaluate(self, params: Any) -> dict[str, float]:
         """Final metrics (task.finalize_eval over the global sums), waiting for them."""
         return self.start(params)()
+
+
+def evaluate_sets(
+    sets: Mapping[str, Callable[[], Task]],
+    params: Any,
+    layout: StateLayout,
+    partitioner: Partitioner,
+    global_batch_size: int,
+    names: Sequence[str] = (),
+) -> dict[str, dict[str, float]]:
+    """The metrics of `params` on each set of `sets` (name -> a function building the
+    task whose eval data is that set: `Task.final_eval_sets`), or on those in `names`,
+    each with the seconds it took (building its data included) as `eval_s`."""
+    unknown = sorted(set(names) - set(sets))
+    if unknown:
+        raise ValueError(f"unknown final eval sets {unknown}; eval.final_sets has {sorted(sets)}")
+    results = {}
+    for name, build in sets.items():
+        if names and name not in names:
+            continue
+        start = time.perf_counter()
+        task = build()
+        shards = partitioner.data_layout(global_batch_size)
+        batches = task.eval_data(global_batch_size, shards.shard_index, shards.shard_count)
+        evaluator = Evaluator(task, layout, partitioner, batches, global_batch_size)
+        metrics = evaluator.evaluate(params)
+        metrics["eval_s"] = time.perf_counter() - start
+        results[name] = metrics
+        if jax.process_index() == 0:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+            print(f"final eval {name}: {shown}", flush=True)
+    return results
 
 
 def eval_program(

@@ -267,6 +267,36 @@ class TrainLoop:
                 "steps_to_target": step,
             }
 
+    def _eval_boundary(self, state, metrics, last: bool) -> bool:
+        """At an eval boundary: closes the MLPerf block, takes the pending eval, starts
+        this one and opens the next block; True when the run stops at the target."""
+        stop_at_target = self.trainer.config.train.stop_at_target
+        # The steps dispatched so far finish first: their time is training's, not the
+        # eval's, in the goodput ledger and the progress line.
+        jax.block_until_ready(metrics)
+        with self.goodput.timing("eval_s"):
+            self._close_block()
+            self._take_eval()  # an async eval still running from the last one
+            stop = self.s.reached and stop_at_target
+            if not stop:
+                self._evaluate(state["params"])
+                while self.s.next_eval <= self.s.samples:  # one eval per boundary
+                    self.s.next_eval += self.eval_every
+                stop = self.s.reached and stop_at_target
+            if not stop and not last:
+                self._open_block()
+        return stop
+
+    def _stop_preempted(self) -> None:
+        """Status preempted, with one line saying why and that the checkpoint is written."""
+        self.status = "preempted"
+        what = "Ctrl-C" if self.preemption.signal_name == "SIGINT" else "preemption notice"
+        self.stop_reason = (
+            f"{what}: checkpoint {self.last_saved} written; stopping. "
+            "Run the same command again to continue."
+        )
+        print(self.stop_reason, flush=True)
+
     def _log(self, metrics) -> bool:
         """Fetches the step metrics and prints progress; False when the loss is not finite."""
         last = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -358,34 +388,11 @@ class TrainLoop:
                 # agree at logged steps only: it takes a collective).
                 if (logged or jax.process_count() == 1) and not self._saves_ok():
                     return state
-                stop = False
-                if boundary:
-                    # The steps dispatched so far finish first: their time is training's,
-                    # not the eval's, in the goodput ledger and the progress line.
-                    jax.block_until_ready(metrics)
-                    with self.goodput.timing("eval_s"):
-                        self._close_block()
-                        self._take_eval()  # an async eval still running from the last one
-                        stop = self.s.reached and config.train.stop_at_target
-                        if not stop:
-                            self._evaluate(state["params"])
-                            while self.s.next_eval <= self.s.samples:  # one eval per boundary
-                                self.s.next_eval += self.eval_every
-                            stop = self.s.reached and config.train.stop_at_target
-                        if not stop and not last:
-                            self._open_block()
+                stop = boundary and self._eval_boundary(state, metrics, last)
                 if save and not self._save(state, key, phase_index, pr, iterator_state, metrics):
                     return state
                 if preempted:
-                    self.status = "preempted"
-                    what = (
-                        "Ctrl-C" if self.preemption.signal_name == "SIGINT" else "preemption notice"
-                    )
-                    self.stop_reason = (
-                        f"{what}: checkpoint {self.last_saved} written; stopping. "
-                        "Run the same command again to continue."
-                    )
-                    print(self.stop_reason, flush=True)
+                    self._stop_preempted()
                     return state
                 if stop:
                     return state

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import jax
@@ -41,6 +41,17 @@ class Phase:
     warmup_steps: int
     decay_steps: int
     data: dict[str, Any]  # task-specific input settings, e.g. {"seq_length": 128}
+    # Gradient accumulation: the global batch is trained in this many pieces.
+    microbatches: int = 1
+    # The config block the batch size and steps come from, named in config errors.
+    source: str = "train"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPlan:
+    """How the in-loop eval reads its set: the global batch of an eval step."""
+
+    global_batch_size: int
 
 
 def single_phase(config, data: dict[str, Any]) -> Phase:
@@ -54,15 +65,29 @@ def single_phase(config, data: dict[str, Any]) -> Phase:
         warmup_steps=config.optimizer.warmup_steps,
         decay_steps=config.optimizer.decay_steps or config.train.steps,
         data=data,
+        microbatches=config.train.microbatches,
     )
 
 
-def from_config(cls: type, block: Mapping[str, Any], **explicit: Any) -> Any:
+def from_config(
+    cls: type,
+    block: Mapping[str, Any],
+    renamed: Mapping[str, str] | None = None,
+    **explicit: Any,
+) -> Any:
     """The dataclass `cls` built from the config block's entries named like its fields
     (fields the block leaves out keep the dataclass default); `explicit` values win.
-    One place for each default: the dataclass, not a `.get(name, default)` per caller."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in block.items() if k in names and k not in explicit}
+    `renamed` maps a field to the block's key where they differ (a ResNet's `freeze_at`
+    is the model block's `backbone_freeze_at`). Lists become tuples (frozen dataclasses
+    hash their fields). One place for each default: the dataclass, not a
+    `.get(name, default)` per caller."""
+    renamed = renamed or {}
+    values = {}
+    for f in dataclasses.fields(cls):
+        key = renamed.get(f.name, f.name)
+        if f.name not in explicit and key in block:
+            value = block[key]
+            values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values, **explicit)
 
 
@@ -104,6 +129,7 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         self.config = config
         self._data = data
         self._phases = tuple(self.make_phases())
+        self._eval_plan = self.make_eval_plan()
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_frozen", False):
@@ -180,6 +206,14 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         """The training phases (computed once, at construction)."""
         return self._phases
 
+    def make_eval_plan(self) -> EvalPlan:
+        """The in-loop eval's batch, from the config alone (called once, by __init__)."""
+        return EvalPlan(global_batch_size=self.config.train.eval_batch_size)
+
+    def eval_plan(self) -> EvalPlan:
+        """The in-loop eval's batch (computed once, at construction)."""
+        return self._eval_plan
+
     def lr_drop_steps(self) -> tuple[int, ...]:
         """Global steps where the learning rate drops by `optimizer.lr_drop_factor`."""
         return tuple(self.config.optimizer.get("lr_drop_steps", ()))
@@ -248,10 +282,11 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         """Whether eval metrics meet the quality target(s)."""
         return metrics[self.target_metric] >= self.target_value
 
-    def final_eval(self, params: Any, layout: Any, partitioner: Any) -> dict[str, Any]:
-        """Metrics computed once after a successful run, outside the timed part (e.g. BLEU
-        on whole test sets); empty for none."""
-        del params, layout, partitioner
+    def final_eval_sets(self) -> dict[str, Callable[[], Task]]:
+        """The sets evaluated once after a successful run, outside the timed part (e.g.
+        BLEU on whole test sets): name -> a function building the task whose eval data is
+        that set (called when the set is evaluated). The trainer runs them
+        (`Trainer.final_eval`); empty for none."""
         return {}
 
     # ---- reporting -----------------------------------------------------------------------

@@ -13,12 +13,14 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
+from mlperf.evaluate import Evaluator, evaluate_sets
 from mlperf.optimizer import build_optimizer
 from mlperf.pretrained import Pretrained
 from mlperf.steps import batch_abstract, make_train_step
-from mlperf.task import Phase, Task
+from mlperf.task import EvalPlan, Phase, Task
 from mlperf.tasks import get_task
 from mlperf.train_state import (
     StateLayout,
@@ -58,8 +60,14 @@ class Trainer:
 
     data_prep_s: float = 0.0  # time build_trainer spent preparing the data
 
-    def jitted_train_step(self):
-        """The train step, jitted with state/batch shardings and state donation."""
+    @property
+    def eval_plan(self) -> EvalPlan:
+        """The in-loop eval's batch (`Task.eval_plan`)."""
+        return self.task.eval_plan()
+
+    def jitted_train_step(self, microbatches: int | None = None):
+        """The train step, jitted with state/batch shardings and state donation; it
+        accumulates gradients over `microbatches` (by default the first phase's)."""
         reduction = GradReduction.from_config(self.config.parallel)
         step = make_train_step(
             self.task,
@@ -67,7 +75,7 @@ class Trainer:
             self.partitioner,
             self.tx,
             self.schedule,
-            self.config.train.microbatches,
+            microbatches or self.phases[0].microbatches,
             reduction,
         )
         return self.partitioner.jit(
@@ -87,7 +95,8 @@ class Trainer:
         key = jax.ShapeDtypeStruct(
             (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
         )
-        traced = self.jitted_train_step().trace(self.layout.abstract_train_state, abstract, key)
+        step = self.jitted_train_step(phase.microbatches)
+        traced = step.trace(self.layout.abstract_train_state, abstract, key)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 
     def init_state(self):
@@ -101,6 +110,30 @@ class Trainer:
         if pretrained is not None:
             state = load_params(state, pretrained.read(), self.tx, self.layout, self.partitioner)
         return state
+
+    def eval_data(self, task: Task | None = None) -> list[dict[str, np.ndarray]]:
+        """This host's batches of `task`'s eval set (by default the run's own task), of
+        the eval plan's global batch size."""
+        size = self.eval_plan.global_batch_size
+        layout = self.partitioner.data_layout(size)
+        return (task or self.task).eval_data(size, layout.shard_index, layout.shard_count)
+
+    def evaluator(self, host_batches: list[dict[str, np.ndarray]]) -> Evaluator:
+        """The in-loop eval over this host's `host_batches` (`eval_data()`), compiled."""
+        size = self.eval_plan.global_batch_size
+        return Evaluator(self.task, self.layout, self.partitioner, host_batches, size)
+
+    def final_eval(self, params) -> dict[str, dict[str, float]]:
+        """The metrics of `params` on each of the task's final eval sets
+        (`Task.final_eval_sets`), e.g. BLEU on whole test sets, once after training;
+        empty for a task without them."""
+        return evaluate_sets(
+            self.task.final_eval_sets(),
+            params,
+            self.layout,
+            self.partitioner,
+            self.eval_plan.global_batch_size,
+        )
 
 
 def build_partitioner(config, devices=None) -> Partitioner:
@@ -121,12 +154,12 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
         devices = select_devices(devices, config.mesh.get("num_devices", 0))
     except MeshShapeError as e:
         raise ConfigError(str(e)) from None
-    validate(config, len(devices))
+    task = get_task(config)
+    validate(config, len(devices), task)
     if prepare_data:
         check_data_dir(config)
         check_cache_dir(config)
     partitioner = build_partitioner(config, devices)
-    task = get_task(config)
     phases = task.phases()
     prepare_start = time.perf_counter()
     if prepare_data:

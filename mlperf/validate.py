@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from input_pipeline import input_files, storage
+from mlperf.config_error import ConfigError  # raised here, imported from here by callers
 from mlperf.optimizer import OPTIMIZERS
 from parallel.data_parallel import GradReduction
 from parallel.mesh import MeshShapeError, resolve_mesh_shape
 
+if TYPE_CHECKING:
+    from mlperf.task import Phase, Task
+
 DEFAULT_CACHE_DIR = "~/.cache/multipod"
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message says which and how to fix it."""
 
 
 def mesh_sizes(config, num_devices: int) -> dict[str, int]:
@@ -35,33 +37,23 @@ def mesh_sizes(config, num_devices: int) -> dict[str, int]:
     return {a: i * d for a, i, d in zip(m.axes, ici, dcn, strict=True)}
 
 
-def validate(config, num_devices: int) -> dict[str, int]:
-    """Checks the config against the device count; returns the mesh axis sizes."""
+def validate(config, num_devices: int, task: Task | None = None) -> dict[str, int]:
+    """Checks the config, and the training phases and eval batch of its `task` (by
+    default the config's task), against the device count; returns the mesh axis sizes."""
     sizes = mesh_sizes(config, num_devices)
     if "data" not in sizes:
         raise ConfigError(f"mesh.axes={tuple(config.mesh.axes)} has no 'data' axis; add one.")
     data = sizes["data"]
     t = config.train
-    if t.microbatches < 1:
-        raise ConfigError(f"train.microbatches={t.microbatches} must be >= 1.")
-    batches = [("train.global_batch_size", t.global_batch_size, t.microbatches)]
-    if config.get("phase2") and config.phase2.enabled:
-        batches.append(
-            ("phase2.global_batch_size", config.phase2.global_batch_size, t.microbatches)
-        )
-        if config.phase2.start_samples <= 0 or config.phase2.steps <= 0:
-            raise ConfigError("phase2.enabled needs phase2.start_samples > 0 and phase2.steps > 0.")
-    for name, gbs, micro in batches:
-        if gbs <= 0:
-            raise ConfigError(f"{name}={gbs} must be > 0; use a multiple of {data * micro}.")
-        if gbs % (data * micro):
-            raise ConfigError(
-                f"{name}={gbs} is not divisible by data-axis size {data} x "
-                f"train.microbatches {micro} = {data * micro}; use a multiple of {data * micro}."
-            )
-    if t.eval_batch_size <= 0 or t.eval_batch_size % data:
+    if task is None:
+        from mlperf.tasks import get_task  # deferred: the tasks are built only to check
+
+        task = get_task(config)
+    check_phases(task.phases(), data)
+    eval_batch = task.eval_plan().global_batch_size
+    if eval_batch <= 0 or eval_batch % data:
         raise ConfigError(
-            f"train.eval_batch_size={t.eval_batch_size} is not divisible by the "
+            f"train.eval_batch_size={eval_batch} is not divisible by the "
             f"data-axis size {data}; use a multiple of {data}."
         )
     if t.steps <= 0:
@@ -94,10 +86,10 @@ def validate(config, num_devices: int) -> dict[str, int]:
             "(0 unrolls the whole stack)."
         )
     chunks = config.model.get("eval_head_chunks", 1)
-    if chunks < 1 or t.eval_batch_size % chunks:
+    if chunks < 1 or eval_batch % chunks:
         raise ConfigError(
             f"model.eval_head_chunks={chunks} must be >= 1 and divide "
-            f"train.eval_batch_size={t.eval_batch_size}; use 1 or a divisor of it."
+            f"train.eval_batch_size={eval_batch}; use 1 or a divisor of it."
         )
     read_threads = config.data.get("read_threads", 0)
     if not isinstance(read_threads, int) or read_threads < 0:
@@ -124,6 +116,22 @@ def validate(config, num_devices: int) -> dict[str, int]:
         )
     check_names(config)
     return sizes
+
+
+def check_phases(phases: Sequence[Phase], data: int) -> None:
+    """Every phase's global batch splits over the `data` axis x its microbatches (at
+    least one)."""
+    for p in phases:
+        name, micro, gbs = f"{p.source}.global_batch_size", p.microbatches, p.global_batch_size
+        if micro < 1:
+            raise ConfigError(f"train.microbatches={micro} must be >= 1.")
+        if gbs <= 0:
+            raise ConfigError(f"{name}={gbs} must be > 0; use a multiple of {data * micro}.")
+        if gbs % (data * micro):
+            raise ConfigError(
+                f"{name}={gbs} is not divisible by data-axis size {data} x "
+                f"train.microbatches {micro} = {data * micro}; use a multiple of {data * micro}."
+            )
 
 
 def check_names(config) -> None:

@@ -19,6 +19,7 @@ from input_pipeline.pretraining_examples import feature_spec
 from mlperf.bert import rules
 from mlperf.bert.checkpoint_import import PretrainedBert, check_config, open_source
 from mlperf.bert.model import BertConfig, BertForPreTraining
+from mlperf.config_error import ConfigError
 from mlperf.layers.cross_entropy import softmax_cross_entropy
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config
@@ -151,7 +152,12 @@ class BertTask(Task[BertPrepared]):
         p2 = c.phase2
         phase1_steps = c.train.steps
         if p2.enabled:
-            phase1_steps = math.ceil(p2.start_samples / c.train.global_batch_size)
+            if p2.start_samples <= 0 or p2.steps <= 0:
+                raise ConfigError(
+                    "phase2.enabled needs phase2.start_samples > 0 and phase2.steps > 0."
+                )
+            # A batch size <= 0 is named by validate (mlperf/validate.py check_phases).
+            phase1_steps = math.ceil(p2.start_samples / max(c.train.global_batch_size, 1))
         phases = [
             Phase(
                 name="phase1",
@@ -161,6 +167,7 @@ class BertTask(Task[BertPrepared]):
                 warmup_steps=c.optimizer.warmup_steps,
                 decay_steps=c.optimizer.decay_steps or c.train.steps,
                 data={"seq_length": c.data.seq_length, "max_predictions": c.data.max_predictions},
+                microbatches=c.train.microbatches,
             )
         ]
         if p2.enabled:
@@ -173,6 +180,8 @@ class BertTask(Task[BertPrepared]):
                     warmup_steps=p2.warmup_steps,
                     decay_steps=p2.steps,
                     data={"seq_length": p2.seq_length, "max_predictions": p2.max_predictions},
+                    microbatches=c.train.microbatches,
+                    source="phase2",
                 )
             )
         return phases
@@ -279,7 +288,7 @@ class BertTask(Task[BertPrepared]):
             keys.OPT_LAMB_LR_DECAY_POLY_POWER: o.power,
             keys.MAX_SEQUENCE_LENGTH: c.data.seq_length,
             "max_predictions_per_seq": c.data.max_predictions,
-            "gradient_accumulation_steps": c.train.microbatches,
+            "gradient_accumulation_steps": self.phases()[0].microbatches,
         }
 
     def flops_per_example(self, phase: Phase) -> float:

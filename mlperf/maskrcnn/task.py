@@ -25,7 +25,7 @@ from mlperf.maskrcnn.model import MaskRcnn, MaskRcnnConfig
 from mlperf.maskrcnn.postprocess import coco_results
 from mlperf.mllog import keys
 from mlperf.pretrained import PretrainedModules
-from mlperf.task import Phase, Task, single_phase
+from mlperf.task import Phase, Task, from_config, single_phase
 from parallel.precision import policy_from_config
 
 BOX_AP = "box_ap"
@@ -153,52 +153,30 @@ class MaskRcnnTask(Task[MaskRcnnData]):
 
     def model_config(self) -> MaskRcnnConfig:
         m = self.config.model
-        dtype = policy_from_config(
-            self.config.precision.compute_dtype, self.config.precision.param_dtype
-        ).compute_dtype
         size = self.config.data.image_size
-        return MaskRcnnConfig(
+        return from_config(
+            MaskRcnnConfig,
+            m,
             num_classes=self.num_classes(),
             image_size=(size, size),
             backbone=self.backbone_config(),
-            anchors=AnchorConfig(
-                min_level=2,
-                max_level=6,
-                num_scales=m.get("anchor_num_scales", 1),
-                aspect_ratios=tuple(m.aspect_ratios),
-                anchor_scale=m.anchor_scale,
+            # P2..P6 (the model's FPN levels); sizes and shapes from the model block.
+            anchors=from_config(
+                AnchorConfig, m, {"num_scales": "anchor_num_scales"}, min_level=2, max_level=6
             ),
-            fpn_dim=m.fpn_dim,
-            fc_dim=m.fc_dim,
-            mask_convs=m.mask_convs,
-            mask_roi_size=m.mask_roi_size,
-            canonical_roi_size=m.canonical_roi_size,
-            rpn_batch_per_image=m.rpn_batch_per_image,
-            rpn_pos_iou=m.get("rpn_pos_iou", 0.7),
-            rpn_neg_iou=m.get("rpn_neg_iou", 0.3),
-            rpn_min_best_iou=m.get("rpn_min_best_iou", 0.0),
-            rpn_pre_nms_train=m.rpn_pre_nms_train,
-            rpn_post_nms_train=m.rpn_post_nms_train,
-            rpn_pre_nms_test=m.rpn_pre_nms_test,
-            rpn_post_nms_test=m.rpn_post_nms_test,
-            rois_per_image=m.rois_per_image,
-            det_pre_nms=m.det_pre_nms,
-            max_detections=m.max_detections,
             einsum=self.config.einsum_gather,
-            dtype=dtype,
+            dtype=policy_from_config(
+                self.config.precision.compute_dtype, self.config.precision.param_dtype
+            ).compute_dtype,
         )
 
     def backbone_config(self) -> ResNetConfig:
         """The ResNet (C2..C5) with the reference's fine-tuning choices (mlperf_v07: stem
         and C2 fixed, frozen batch norm)."""
-        m = self.config.model
-        return ResNetConfig(
-            block=m.block,
-            stage_sizes=tuple(m.stage_sizes),
-            width=m.width,
-            bn_group_size=m.bn_group_size,
-            freeze_at=m.get("backbone_freeze_at", 0),
-            frozen_bn=m.get("backbone_frozen_bn", False),
+        return from_config(
+            ResNetConfig,
+            self.config.model,
+            {"freeze_at": "backbone_freeze_at", "frozen_bn": "backbone_frozen_bn"},
         )
 
     def build_model(self, rngs: nnx.Rngs) -> MaskRcnn:

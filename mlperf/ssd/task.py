@@ -34,7 +34,7 @@ from mlperf.ssd.boxes import (
 from mlperf.ssd.loss import ssd_loss_per_image
 from mlperf.ssd.model import Ssd, SsdConfig, backbone_config
 from mlperf.ssd.nms import batched_nms
-from mlperf.task import Phase, Task, single_phase
+from mlperf.task import Phase, Task, from_config, single_phase
 from parallel.precision import policy_from_config
 
 
@@ -175,18 +175,11 @@ class SsdTask(Task[SsdData]):
         return self._model_shape(classes)
 
     def _model_shape(self, num_classes: int) -> SsdConfig:
-        m = self.config.model
-        return SsdConfig(
+        return from_config(
+            SsdConfig,
+            self.config.model,
             num_classes=num_classes,
             anchors=self.anchors,
-            backbone_width=m.backbone_width,
-            feature_channels=tuple(m.feature_channels),
-            extra_mid_channels=tuple(m.extra_mid_channels),
-            bn_group_size=m.bn_group_size,
-            bn_momentum=m.bn_momentum,
-            spatial_partitions=m.spatial_partitions,
-            backbone_freeze_at=m.get("backbone_freeze_at", 0),
-            backbone_frozen_bn=m.get("backbone_frozen_bn", False),
             dtype=policy_from_config(
                 self.config.precision.compute_dtype, self.config.precision.param_dtype
             ).compute_dtype,

@@ -6,22 +6,23 @@ finished run is this one: beam search over every sentence of each set in
 `eval.final_sets` (name -> (source file, target file), relative to data.data_dir),
 with the same distributed evaluator (statistics summed over hosts).
 
-`TransformerTask.final_eval` runs it inside the training process, which still holds the
-trained parameters; `python -m launch.final_bleu` runs it on a finished run's newest
-checkpoint and records the result (`record`).
+`TransformerTask.final_eval_sets` names the sets (`final_sets`); the trainer evaluates
+them inside the training process, which still holds the trained parameters;
+`python -m launch.final_bleu` runs `evaluate_sets` on a finished run's newest checkpoint
+and records the result (`record`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
 from input_pipeline.translation_data import build_translation_data
-from mlperf.evaluate import Evaluator
+from mlperf import evaluate
 from mlperf.task import Task
 
 
@@ -34,39 +35,34 @@ def set_config(config, source: str, target: str):
     return c
 
 
+def final_sets(task: Task) -> dict[str, Callable[[], Task]]:
+    """Name -> a function building the task whose eval set is that whole set of the
+    task's config.eval.final_sets (built when it is evaluated)."""
+
+    def builder(source: str, target: str) -> Callable[[], Task]:
+        def build() -> Task:
+            set_cfg = set_config(task.config, source, target)
+            # Evaluation only: the training rows are not packed.
+            return type(task)(set_cfg, build_translation_data(set_cfg.data, with_train=False))
+
+        return build
+
+    sets = task.config.eval.get("final_sets", None) or {}
+    return {name: builder(source, target) for name, (source, target) in sets.items()}
+
+
 def evaluate_sets(
     task: Task, params: Any, layout, partitioner, names: list[str] | None = None
 ) -> dict[str, dict[str, float]]:
     """BLEU (and teacher-forced loss) of `params` on the sets of the task's
     config.eval.final_sets (all, or those in `names`)."""
-    config = task.config
-    sets = config.eval.get("final_sets", None) or {}
+    sets = task.final_eval_sets()
     if not sets:
         raise ValueError(
             "config.eval.final_sets is empty: give name -> (source file, target file) pairs."
         )
-    unknown = sorted(set(names or ()) - set(sets))
-    if unknown:
-        raise ValueError(f"unknown final eval sets {unknown}; eval.final_sets has {sorted(sets)}")
-    batch = int(config.train.eval_batch_size)
-    results = {}
-    for name, (source, target) in sets.items():
-        if names and name not in names:
-            continue
-        start = time.perf_counter()
-        set_cfg = set_config(config, source, target)
-        # Evaluation only: the training rows are not packed.
-        set_task = type(task)(set_cfg, build_translation_data(set_cfg.data, with_train=False))
-        data_layout = partitioner.data_layout(batch)
-        batches = set_task.eval_data(batch, data_layout.shard_index, data_layout.shard_count)
-        evaluator = Evaluator(set_task, layout, partitioner, batches, batch)
-        metrics = evaluator.evaluate(params)
-        metrics["eval_s"] = time.perf_counter() - start
-        results[name] = metrics
-        if jax.process_index() == 0:
-            shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-            print(f"final eval {name}: {shown}", flush=True)
-    return results
+    batch = task.eval_plan().global_batch_size
+    return evaluate.evaluate_sets(sets, params, layout, partitioner, batch, names or ())
 
 
 def record(workdir: str, step: int, results: dict[str, dict[str, float]]) -> None:

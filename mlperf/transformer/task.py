@@ -12,6 +12,7 @@ The target metric is BLEU / 100, the scale MLPerf logs as eval_accuracy (25.0 ->
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -227,13 +228,11 @@ class TransformerTask(Task[TranslationData]):
             metrics["bleu_fraction"] = metrics["bleu"] / 100.0
         return metrics
 
-    def final_eval(self, params, layout, partitioner) -> dict[str, dict[str, float]]:
-        """BLEU on every whole set of config.eval.final_sets (val, test), once after
-        training: the in-loop eval only decodes data.max_eval_examples sentences.
-        Nothing (an empty dict) when the config names no final sets."""
-        if not self.config.eval.get("final_sets", None):
-            return {}
-        return final_bleu.evaluate_sets(self, params, layout, partitioner)
+    def final_eval_sets(self) -> dict[str, Callable[[], TransformerTask]]:
+        """Every whole set of config.eval.final_sets (val, test), for BLEU once after
+        training: the in-loop eval only decodes data.max_eval_examples sentences. Empty
+        when the config names no final sets."""
+        return final_bleu.final_sets(self)
 
     # ---- reporting -----------------------------------------------------------------------
     def mllog_metadata(self) -> dict[str, dict[str, Any]]:
