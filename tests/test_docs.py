@@ -1,7 +1,12 @@
 """The README and docs/ point at things that exist, and CI runs every test they cite.
 
-- every `python -m <module>` in them names an importable module;
-- every relative link names an existing file;
+What is checked is that names resolve, not what the prose says: no number, measurement
+or behaviour a page states is checked here (the tests a sentence cites check those).
+
+- every `python -m <module>` in the README and docs/*.md names an importable module;
+- every relative link, and every repository path in backticks (`parallel/mesh.py`),
+  names an existing file, in docs/results/*.md too;
+- every test a page cites (`test_x.py`, `test_x.py::test_y`) exists, in docs/results too;
 - no page, results file included, points at a file outside the repository;
 - every test of the techniques table (docs/parallelism.md) exists and runs in the CI
   target its row names: `test` (`make test`: not marked slow), `test-system` or
@@ -51,7 +56,7 @@ def test_every_python_m_module_exists(page):
     assert not missing, f"{_name(page)} runs modules that do not exist: {missing}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_name)
+@pytest.mark.parametrize("page", PAGES + RESULTS, ids=_name)
 def test_every_relative_link_exists(page):
     missing = []
     for target in re.findall(r"\]\(([^)#:\s]+)(?:#[^)]*)?\)", _read(page)):
@@ -59,6 +64,20 @@ def test_every_relative_link_exists(page):
         if not os.path.exists(path):
             missing.append(target)
     assert not missing, f"{_name(page)} links to missing files: {missing}"
+
+
+# A repository file named in backticks: `parallel/mesh.py`, `tests/conftest.py`.
+REPOSITORY_PATH = re.compile(
+    r"`((?:configs|parallel|input_pipeline|mlperf|launch|tests)/[\w/.-]+\.(?:py|sh|sbatch|json))`"
+)
+
+
+@pytest.mark.parametrize("page", PAGES + RESULTS, ids=_name)
+def test_every_repository_path_exists(page):
+    missing = [
+        p for p in REPOSITORY_PATH.findall(_read(page)) if not os.path.exists(os.path.join(ROOT, p))
+    ]
+    assert not missing, f"{_name(page)} names files that do not exist: {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES + RESULTS, ids=_name)
@@ -158,7 +177,7 @@ def test_ci_runs_every_test_the_techniques_table_cites():
             assert module_slow or not func or set(names) <= slow, f"{node} is not marked slow"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_name)
+@pytest.mark.parametrize("page", PAGES + RESULTS, ids=_name)
 def test_every_cited_test_exists(page):
     missing = []
     for file, func in re.findall(r"(test_\w+\.py)(?:::(\w+))?", _read(page)):
