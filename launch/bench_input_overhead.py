@@ -1,0 +1,119 @@
+"""The train loop's host-side cost per step, for `python -m launch.bench_input`.
+
+What `mlperf/loop.py` does on the host each step besides making the input: assemble the
+host batch into global arrays (`Partitioner.host_to_global`: the host-to-device copy),
+dispatch the compiled step, and every `train.log_every_steps` steps fetch the metrics and
+format the progress line. The step is stubbed by an already-compiled trivial program with
+the real config's signature: its train-state tree (every leaf, a scalar on every device of
+the real mesh layout, so the dispatch handles as many buffers), the host batch at the
+`mlperf_v07` shapes and dtypes, and a dict of scalar metrics. Its own device time is
+negligible, so what is timed is the host's work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+
+import numpy as np
+
+from launch.bench_input_data import mlperf_config
+
+BUDGET = 0.05  # the goal: host overhead under 5% of the estimated step
+_METRICS = ("loss", "mlm_loss", "accuracy", "grad_norm", "learning_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class Overhead:
+    """Mean host seconds per step of each part of the loop's own work."""
+
+    model: str
+    host_batch: int
+    batch_bytes: int
+    state_leaves: int
+    dispatch_s: float
+    transfer_s: float
+    logging_s: float  # a metrics fetch and line every log_every_steps, per step
+    budgets_s: dict[str, float]  # BUDGET x the estimated step, per generation
+
+    @property
+    def total_s(self) -> float:
+        return self.dispatch_s + self.transfer_s + self.logging_s
+
+
+def _stub_state(abstract, sharding):
+    """A scalar per leaf of the train state, placed on every device."""
+    import jax
+
+    def leaf(a):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            return jax.device_put(jax.random.key(0), sharding)
+        return jax.device_put(np.zeros((), a.dtype), sharding)
+
+    return jax.tree.map(leaf, abstract)
+
+
+def measure_overhead(model: str, host_batch: int, steps: int, step_s: dict[str, float]) -> Overhead:
+    """Times `steps` stubbed loop steps of the model's `mlperf_v07` config on this
+    process's devices, at `host_batch` rows (rounded up to the batch's split)."""
+    import jax
+    import jax.numpy as jnp
+
+    from mlperf.trainer import build_trainer
+
+    config = mlperf_config(model)
+    trainer = build_trainer(config, prepare_data=False)
+    p = trainer.partitioner
+    shards = p.batch_shards()
+    rows = -(-host_batch // shards) * shards
+    spec = trainer.task.example_spec(trainer.phases[0])
+    host = {k: np.ones((rows, *shape), dtype) for k, (shape, dtype) in spec.items()}
+    layout = p.data_layout(rows)
+    rep = p.replicated()
+    state = _stub_state(trainer.layout.abstract_train_state, rep)
+    state_shardings = jax.tree.map(lambda _: rep, state)
+
+    def stub_step(state, batch, key):
+        del key
+        first = sum(
+            jnp.sum(x.reshape(x.shape[0], -1)[:, :1].astype(jnp.float32)) for x in batch.values()
+        )
+        return state, {name: first for name in _METRICS}  # fmt: skip
+
+    step = jax.jit(
+        stub_step,
+        in_shardings=(state_shardings, None, rep),
+        out_shardings=(state_shardings, rep),
+        donate_argnums=(0,),
+    )
+    key = jax.device_put(jax.random.key(0), rep)
+    log_every = int(config.train.log_every_steps)
+    sink = io.StringIO()
+    parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0}
+    for i in range(steps + 3):  # three warm-up steps compile and settle
+        if i == 3:
+            jax.block_until_ready(state)
+            parts = dict.fromkeys(parts, 0.0)
+        t0 = time.perf_counter()
+        batch = p.host_to_global(host, layout)
+        t1 = time.perf_counter()
+        state, metrics = step(state, batch, key)
+        t2 = time.perf_counter()
+        parts["transfer"] += t1 - t0
+        parts["dispatch"] += t2 - t1
+        if (i + 1) % log_every == 0:
+            last = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            sink.write(" ".join(f"{k}={v:.4f}" for k, v in last.items()) + "\n")
+            parts["logging"] += time.perf_counter() - t2
+    jax.block_until_ready(state)
+    return Overhead(
+        model=model,
+        host_batch=rows,
+        batch_bytes=sum(a.nbytes for a in host.values()),
+        state_leaves=len(jax.tree.leaves(state)),
+        dispatch_s=parts["dispatch"] / steps,
+        transfer_s=parts["transfer"] / steps,
+        logging_s=parts["logging"] / steps,
+        budgets_s={g: BUDGET * s for g, s in step_s.items()},
+    )

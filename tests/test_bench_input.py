@@ -1,0 +1,79 @@
+"""`python -m launch.bench_input`: per-host input rates against pod pace (tiny sizes)."""
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import bench_input
+from launch.bench_input_data import MODELS, write_fixtures
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mlperf_models() -> list[str]:
+    """Every configs/<model>.py with an `mlperf_v07` variant."""
+    out = []
+    for path in sorted((ROOT / "configs").glob("*.py")):
+        module = importlib.import_module(f"configs.{path.stem}")
+        if "mlperf_v07" in getattr(module, "VARIANTS", ()):
+            out.append(path.stem)
+    return out
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """Each model's loader over 8-record fixtures, one host batch of 1 timed."""
+    folder = str(tmp_path_factory.mktemp("inputs"))
+    write_fixtures(folder, records=8)
+    return {m: bench_input.measure(m, 1, 1, 0, folder, "") for m in MODELS}
+
+
+def test_every_mlperf_config_has_a_row_per_generation_with_consistent_figures(measured):
+    table = bench_input.read_tpu_table(str(ROOT / "docs" / "tpu-table.md"))
+    generations = list(bench_input.HOST_VCPUS)
+    assert set(mlperf_models()) == set(MODELS)
+    rows = bench_input.pod_rows(measured, table, generations)
+    assert {(r.model, r.generation) for r in rows} == {(m, g) for m in MODELS for g in generations}
+    for r in rows:
+        assert r.needed > 0 and r.per_core > 0 and r.host_vcpus > 0
+        assert r.per_core == measured[r.model].per_core
+        assert r.cores == pytest.approx(r.needed / r.per_core)
+        assert r.needed == pytest.approx(r.host_batch / (r.step_ms / 1e3))
+        assert r.share == pytest.approx(r.cores / r.host_vcpus)
+    by_key = {(r.model, r.generation): r for r in rows}
+    # BERT on v3: 8192 sequences over 1024 hosts; Mask R-CNN on v4: data=256 of 1024
+    # hosts, so every host loads 256 / 256 = 1 image.
+    assert by_key[("bert", "v3")].host_batch == 8
+    assert by_key[("maskrcnn", "v4")].host_batch == 1
+    text = bench_input.markdown(list(measured.values()), rows, [])
+    assert text.count("\n| ") == len(rows) + len(measured) + 1  # data rows, 2nd header
+
+
+def test_loader_rates_are_positive(measured):
+    for m in measured.values():
+        assert m.in_process > 0 and m.per_core == m.in_process
+
+
+def test_bad_flag_is_a_one_line_error(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    for args in (
+        ["--input_models", "bert,resnet", "--fixture_dir", str(tmp_path)],
+        ["--input_generations", "v9", "--fixture_dir", str(tmp_path)],
+        ["--fixture_dir", str(tmp_path), "--tpu_table", str(tmp_path / "none.md")],
+        ["--timed_batches", "many"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "launch.bench_input", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("multipod: error:"), proc.stderr
