@@ -8,7 +8,6 @@ quotes are the ones asserted here.
 from __future__ import annotations
 
 import importlib
-import math
 import os
 
 import pytest
@@ -84,6 +83,14 @@ def test_measured_device_paces_rederived_from_the_logs(points):
     assert {f: round(p.step_s * 1000, 2) for f, p in points.items()} == MEASURED_MS
     assert points["v0.7/results/tpu-v4-16-TF/bert"].run.chips == 8  # 16 TensorCores
     assert points["v2.0/results/cloud-tpu-v4-8192-TF/bert"].batch_per_chip == 3.5
+    # TF's training blocks without the evaluation: Mask R-CNN on 256 chips spends
+    # 25.5 of its 66.8 ms per step training; SSD's blocks are its pace (13.9 of 14.3 ms).
+    assert points["v0.7/results/tpu-v4-512-TF/maskrcnn"].block_step_s * 1000 == pytest.approx(
+        25.47, abs=0.005
+    )
+    assert points["v0.7/results/tpu-v4-512-TF/ssd"].block_step_s * 1000 == pytest.approx(
+        13.89, abs=0.005
+    )
 
 
 @needs_logs
@@ -94,7 +101,16 @@ def test_v4_eta_is_calibrated_once_and_its_band_holds(points, flops_per_example)
     r = step_model.ratios(v4, flops_per_example, step_model.ETA["v4"])
     band = step_model.VALIDATED["v4"]
     assert band.low <= min(r) and max(r) <= band.high
-    assert max(abs(math.log(x)) for x in r) == pytest.approx(0.662, abs=0.002)
+    # 9 of 12 within 0.8-1.25x; outside: the 8-chip Transformer at 64 sentences per chip
+    # (1.42) and the 256-chip SSD (0.45) and Mask R-CNN (0.39, evaluation in its pace).
+    outside = {
+        p.run.folder: round(x, 2) for p, x in zip(v4, r, strict=True) if not 0.8 <= x <= 1.25
+    }
+    assert outside == {
+        "v0.7/results/tpu-v4-16-TF/transformer": 1.42,
+        "v0.7/results/tpu-v4-512-TF/ssd": 0.45,
+        "v0.7/results/tpu-v4-512-TF/maskrcnn": 0.39,
+    }
 
 
 @needs_logs

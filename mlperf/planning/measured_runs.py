@@ -112,6 +112,10 @@ class MeasuredPoint:
     step_s: float
     runs: int
     global_batch: int
+    # Median time per step inside the training blocks (`mllog_pace`'s dispatch pace):
+    # the host's pace for JAX's asynchronous dispatch; for the TF runs, whose blocks
+    # return when the device is done, the training steps without the evaluation.
+    block_step_s: float | None = None
 
     @property
     def batch_per_chip(self) -> float:
@@ -123,7 +127,7 @@ def measured_point(root: str, run: MeasuredRun) -> MeasuredPoint:
     files = sorted(glob.glob(os.path.join(root, run.folder, "result_*.txt")))
     if not files:
         raise FileNotFoundError(f"no result_*.txt under {os.path.join(root, run.folder)}")
-    paces, batch = [], None
+    paces, blocks, batch = [], [], None
     for path in files:
         with open(path) as f:
             text = f.read()
@@ -131,9 +135,13 @@ def measured_point(root: str, run: MeasuredRun) -> MeasuredPoint:
         pace = run_pace(text, run.steps_from_blocks)
         if pace is not None:
             paces.append(pace)
+        block_ms = step_pace(text).get("dispatch_ms_per_step")
+        if block_ms is not None and not run.steps_from_blocks:
+            blocks.append(block_ms / 1000)
     if not paces or not batch:
         raise ValueError(f"{run.folder}: no device pace or global_batch_size in its logs")
-    return MeasuredPoint(run, statistics.median(paces), len(paces), int(batch))
+    block = statistics.median(blocks) if blocks else None
+    return MeasuredPoint(run, statistics.median(paces), len(paces), int(batch), block)
 
 
 def measured_points(root: str) -> list[MeasuredPoint]:
