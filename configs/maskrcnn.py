@@ -166,7 +166,7 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             scale_range=(0.8, 1.25),
         )
         # Anchors and RPN matcher for its tiny people (median box 13 px, 37% under 8 px
-        # at 128 px; `python -m launch.maskrcnn_anchor_coverage`, docs/design.md):
+        # at 128 px; `python -m launch.bench.anchor_coverage`, docs/design.md):
         # with 16 px anchors and positives at IoU 0.7, 77% of the boxes of 8 px or more
         # had no positive anchor, and 89% of the RPN's positives were anchors tied at a
         # tiny IoU around a box of a few pixels (the best-anchor rule). Two sizes per

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlperf.maskrcnn.anchor_coverage import coverage, size_summary
+from launch.bench.anchor_coverage import coverage, size_summary
 
 
 def test_coverage_counts_anchors_per_threshold_and_ties():

@@ -13,6 +13,7 @@
     checkpoint_store  checkpoint save and restore, a local folder against a bucket
     mllog_pace        host dispatch pace against device pace in MLPerf result logs
     maskrcnn_split_eval  a Mask R-CNN checkpoint's mAP on the eval and the training split
+    anchor_coverage   how well Mask R-CNN's anchors cover a config's ground-truth boxes
 
 Flags that several tools take are defined once, in `launch.bench.common`. Nothing in a
 run imports this package.

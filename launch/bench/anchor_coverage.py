@@ -1,5 +1,8 @@
-"""How well the RPN's anchors cover a data set's ground-truth boxes (numpy, no model);
-`python -m launch.maskrcnn_anchor_coverage` prints it for a config.
+"""How well the RPN's anchors cover a data set's ground-truth boxes (numpy, no model), for
+several anchor settings: one JSON line of box sizes, then one per (num_scales, anchor_scale).
+
+    python -m launch.bench.anchor_coverage --config configs/maskrcnn.py:coco128 \\
+        --config.data.data_dir=DIR
 
 For each ground-truth box of the training split, as the pipeline prepares it (resized
 and padded, no augmentation): its best anchor IoU and how many anchors reach each RPN
@@ -11,12 +14,21 @@ anchor IoU is far below the threshold is one the RPN sees a single, poor, positi
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
-from mlperf.maskrcnn.boxes import iou
+from launch.bench.common import CONFIG, run
+from launch.cli import usage_error
+from mlperf.maskrcnn.boxes import AnchorConfig, all_anchors, iou
+from mlperf.validate import ConfigError, check_data_dir
+
+_SCALES = flags.DEFINE_list("anchor_scales", ["2", "3", "4", "6", "8"], "anchor_scale values.")
+_THRESHOLDS = flags.DEFINE_list("pos_iou", ["0.7", "0.5"], "RPN positive IoU thresholds.")
+_NUM_SCALES = flags.DEFINE_list("num_scales", ["1", "2"], "Anchor sizes per octave.")
 
 
 def coverage(
@@ -72,3 +84,29 @@ def train_gt_boxes(config) -> tuple[np.ndarray, tuple[float, ...]]:
         ex = examples[i]
         boxes.append(ex["gt_boxes"][ex["gt_classes"] > 0])
     return np.concatenate(boxes), tuple(config.model.aspect_ratios)
+
+
+def main(argv: list[str]) -> None:
+    config = CONFIG.value
+    if config is None:
+        usage_error("anchor_coverage: give --config, e.g. configs/maskrcnn.py:coco128")
+    try:
+        check_data_dir(config)
+    except ConfigError as e:
+        usage_error(f"anchor_coverage: {e}")
+    gt, ratios = train_gt_boxes(config)
+    size = (config.data.image_size, config.data.image_size)
+    print(json.dumps({"sizes": size_summary(gt)}), flush=True)
+    thresholds = [float(t) for t in _THRESHOLDS.value]
+    for num_scales in (int(n) for n in _NUM_SCALES.value):
+        for scale in (float(s) for s in _SCALES.value):
+            # The model's levels: P2..P6 (strides 4..64).
+            cfg = AnchorConfig(2, 6, num_scales, aspect_ratios=ratios, anchor_scale=scale)
+            anchors = all_anchors(size, cfg)
+            row = coverage(gt, anchors, thresholds)
+            row.update(anchor_scale=scale, num_scales=num_scales, anchors=len(anchors))
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    run(main, keep_memory=False)
