@@ -4,7 +4,9 @@ preflight gate stops hosts that would run different things."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from conftest import REPO, cpu_env, tiny_train_command
 
 from launch.distributed import PeerLostError
 from launch.local import free_port
+from mlperf.checkpoint import committed_steps
 from mlperf.preflight import differences
 
 pytestmark = pytest.mark.xdist_group("multiprocess")
@@ -180,3 +183,127 @@ def test_only_connection_failures_count_as_a_lost_peer():
     assert lost is not None and str(lost).startswith("process 0 of 2: another process died")
     assert PeerLostError.from_collective_error(gloo, 0, 1) is None  # one process: a bug
     assert PeerLostError.from_collective_error(ValueError("shapes differ"), 0, 2) is None
+
+
+# docs/reliability.md, "How a run stops": with several processes SIGINT is passed on to
+# JAX's preemption sync point, so every host saves the same step; a failed save is agreed
+# on by all hosts at the next logged step and every host stops there.
+LONG_RUN = [
+    "--config.train.steps=100000",
+    "--config.train.log_every_steps=1",
+    "--config.train.stop_at_target=False",
+    "--config.train.eval_every_samples=10000000",
+    "--config.model.num_layers=1",
+    "--config.model.hidden_size=32",
+    "--config.model.num_heads=4",
+    "--config.model.mlp_dim=64",
+    "--init_timeout_s=120",
+]
+
+
+def _host(tmp_path, process_id: int, port: int, argv: list[str]) -> subprocess.Popen:
+    """One host of a 2-process run, its stdout and stderr in files (never a full pipe)."""
+    env = dict(
+        cpu_env(4),
+        MULTIPOD_COORDINATOR=f"127.0.0.1:{port}",
+        MULTIPOD_NUM_PROCESSES="2",
+        MULTIPOD_PROCESS_ID=str(process_id),
+        PYTHONUNBUFFERED="1",
+    )
+    logs = tmp_path / "logs"
+    os.makedirs(logs, exist_ok=True)
+    out = open(logs / f"p{process_id}.out", "w")  # noqa: SIM115 - closed with the process
+    err = open(logs / f"p{process_id}.err", "w")  # noqa: SIM115
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+
+
+def _output(tmp_path, process_id: int) -> str:
+    logs = tmp_path / "logs"
+    return (logs / f"p{process_id}.out").read_text() + (logs / f"p{process_id}.err").read_text()
+
+
+def _wait_for_training(tmp_path, procs, timeout: float = 240) -> None:
+    """Until process 0 has printed a step line (both hosts train in lock-step)."""
+    deadline = time.time() + timeout
+    while not re.search(r"^step +\d+/", _output(tmp_path, 0), re.M):
+        assert time.time() < deadline, _output(tmp_path, 0)[-3000:]
+        assert all(p.poll() is None for p in procs), _output(tmp_path, 0)[-3000:]
+        time.sleep(0.2)
+
+
+def _finish(procs, timeout: float = 120) -> list[int]:
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_one_host_saves_the_same_step_on_every_host(tmp_path):
+    port = free_port()
+    workdir = tmp_path / "w"
+    argv = tiny_train_command(workdir, *LONG_RUN, "--config.checkpoint.every_steps=0")
+    procs = [_host(tmp_path, i, port, argv) for i in range(2)]
+    try:
+        _wait_for_training(tmp_path, procs)
+        procs[1].send_signal(signal.SIGINT)  # Ctrl-C on process 1's terminal only
+    finally:
+        codes = _finish(procs)
+    out = [_output(tmp_path, i) for i in range(2)]
+    # Process 1 stops for its Ctrl-C (130); process 0 for the sync point's notice (143).
+    assert codes == [143, 130], [o[-2000:] for o in out]
+    assert "Traceback" not in out[0] + out[1]
+    saved = [re.findall(r"checkpoint (\S+) written; stopping", o) for o in out]
+    assert saved[0] and saved[0] == saved[1], saved  # the same step's checkpoint
+    assert f"preemption notice: checkpoint {saved[0][0]} written" in out[0]
+    assert f"Ctrl-C: checkpoint {saved[0][0]} written" in out[1]
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["status"] == "preempted" and result["processes"] == 2, result
+    assert committed_steps(str(workdir / "checkpoints")) == [result["steps"]]
+    assert saved[0][0].endswith(f"/checkpoints/{result['steps']}")
+
+
+# launch.train on a host whose checkpoint writes fail in the background from the 3rd
+# check on, as a full disk on that host alone would.
+FAILING_SAVES = """
+import sys
+from absl import app
+from launch import train
+from launch.cli import parse_flags
+from mlperf.checkpoint import manager
+
+calls = []
+
+def check(self):
+    calls.append(1)
+    if len(calls) >= 3:
+        raise manager.CheckpointSaveError(
+            "writing checkpoint (this host) failed: [Errno 28] No space left on device (ENOSPC)"
+        )
+
+manager.Checkpointer.check = check
+sys.argv = ["launch.train", *sys.argv[1:]]
+app.run(train.main, flags_parser=parse_flags)
+"""
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_one_host_stops_every_host_at_the_same_step(tmp_path):
+    port = free_port()
+    workdir = tmp_path / "w"
+    argv = tiny_train_command(workdir, *LONG_RUN, "--config.checkpoint.every_steps=1")
+    failing = [argv[0], "-c", FAILING_SAVES, *argv[3:]]  # `-m launch.train` -> the script
+    procs = [_host(tmp_path, 0, port, argv), _host(tmp_path, 1, port, failing)]
+    codes = _finish(procs, timeout=300)
+    out = [_output(tmp_path, i) for i in range(2)]
+    # Aborted, not crashed: exit 1 (the run ended without its target) on both hosts.
+    assert codes == [1, 1], [o[-2000:] for o in out]
+    assert "Traceback" not in out[0] + out[1]
+    stop = [re.findall(r"failed.* at step (\d+): stopping", o) for o in out]
+    assert stop[0] and stop[0] == stop[1], stop  # both stopped at the same step
+    assert "a checkpoint save failed on another process at step" in out[0]
+    assert "[Errno 28] No space left on device (ENOSPC) at step" in out[1]
+    result = json.loads((workdir / "result.json").read_text())
+    assert result["status"] == "aborted" and result["steps"] == int(stop[0][0]), result
