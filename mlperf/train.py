@@ -103,7 +103,9 @@ class Init:
     is_main: bool  # process 0
 
 
-def initialise(config, workdir: str, ckpt_cfg: CheckpointConfig, allowed: set[str], init_wall):
+def initialise(
+    config, workdir: str, ckpt_cfg: CheckpointConfig, allowed: set[str], init_wall: float
+) -> Init:
     """Init, as MLPerf counts it (from `init_wall` to mllog init_stop): the trainer, the
     start state, every phase's data and compiled step, the compiled eval."""
     newest = newest_checkpoint(ckpt_cfg)

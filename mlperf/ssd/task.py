@@ -39,14 +39,8 @@ from parallel.precision import policy_from_config
 
 
 def anchor_config(m) -> AnchorConfig:
-    """AnchorConfig from config.model."""
-    return AnchorConfig(
-        image_size=m.image_size,
-        feature_sizes=tuple(m.feature_sizes),
-        steps=tuple(m.steps),
-        scales=tuple(m.scales),
-        aspect_ratios=tuple(tuple(r) for r in m.aspect_ratios),
-    )
+    """AnchorConfig from config.model (ratios per level as tuples: the config is hashed)."""
+    return from_config(AnchorConfig, m, aspect_ratios=tuple(tuple(r) for r in m.aspect_ratios))
 
 
 def check_spatial_partitioning(config) -> None:
