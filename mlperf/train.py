@@ -41,6 +41,7 @@ from mlperf.peak_flops import Peak, peak_for_devices
 from mlperf.preflight import HostView, check_hosts, data_fingerprint
 from mlperf.process_sync import wait_for_every_process
 from mlperf.profiling import parse_steps
+from mlperf.provenance import code_commit
 from mlperf.reporting import RunResult, params_fingerprint, summary_paragraph, write_result
 from mlperf.run_log import RunLog
 from mlperf.run_start import RunStart, restore_or_init
@@ -59,6 +60,7 @@ def run(
     continues from the newest readable one, if the config differs from the checkpoint's
     only in keys that cannot alter the training trajectory or in `allow_config_change`."""
     init_wall = time.time()
+    code_commit()  # result.json names the code imported now, not the tree at the end
     parse_steps(profile_steps)  # a bad --profile_steps fails before anything is built
     workdir = _resolve_workdir(workdir)  # absolute, or a bucket URL (input_pipeline.storage)
     ckpt_cfg = CheckpointConfig.from_config(config, workdir)
