@@ -2,7 +2,7 @@
 
     python -m launch.bench_input --fixture_dir /tmp/multipod-input [--coco_dir DIR]
         [--input_models bert,transformer,ssd,maskrcnn] [--input_generations v3,v4,v5p]
-        [--timed_batches 20] [--grain_workers 2] [--fixture_records 256]
+        [--timed_batches 20] [--min_seconds 5] [--grain_workers 2] [--fixture_records 256]
         [--tpu_table docs/tpu-table.md] [--overhead_steps 50] [--json]
 
 For every `mlperf_v07` config and TPU generation it prints the examples one host must
@@ -14,7 +14,8 @@ model axis spans hosts, each of them loads the same rows).
 
 The per-core rate is the model's real per-host loader (launch/bench_input_data.py:
 TFRecord reads and Example parsing, packing, JPEG decode and augmentation, mask
-rasterisation, grain batching) timed over `--timed_batches` host batches in this process
+rasterisation, grain batching) timed over `--timed_batches` host batches (and at least
+`--min_seconds`) in this process
 (one core), and again with `--grain_workers` worker processes (their rate over the cores
 they use); the smaller of the two per-core figures is the one used. The host-side cost of
 the train loop itself (launch/bench_input_overhead.py) is printed against 5% of each
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from input_pipeline.input_errors import InputError
 from launch.bench_input_data import MODELS, mlperf_config, train_iterator, write_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +62,7 @@ TPU_TABLE = flags.DEFINE_string(
     "tpu_table", str(ROOT / "docs" / "tpu-table.md"), "The TPU table giving chips, mesh, step."
 )
 TIMED_BATCHES = flags.DEFINE_integer("timed_batches", 20, "Host batches timed per measurement.")
+MIN_SECONDS = flags.DEFINE_float("min_seconds", 5.0, "Seconds each measurement lasts at least.")
 GRAIN_WORKERS = flags.DEFINE_integer(
     "grain_workers", 2, "Grain worker processes for the second measurement (0: skip it)."
 )
@@ -140,18 +143,30 @@ class Measured:
         return min(rates)
 
 
-def time_loader(iterator, batches: int, batch: int, warmup: int = 1) -> float:
-    """Examples/s over `batches` batches after `warmup` batches (threads and workers start,
-    prefetch buffers fill)."""
+def time_loader(
+    iterator, batches: int, batch: int, warmup: int = 1, min_seconds: float = 0.0
+) -> float:
+    """Examples/s over at least `batches` batches and `min_seconds`, after `warmup`
+    batches (threads and workers start, prefetch buffers fill)."""
     for _ in range(warmup):
         next(iterator)
     start = time.perf_counter()
-    for _ in range(batches):
+    done = 0
+    while done < batches or time.perf_counter() - start < min_seconds:
         next(iterator)
-    return batches * batch / (time.perf_counter() - start)
+        done += 1
+    return done * batch / (time.perf_counter() - start)
 
 
-def measure(model: str, batch: int, batches: int, workers: int, fixture_dir: str, coco: str):
+def measure(
+    model: str,
+    batch: int,
+    batches: int,
+    workers: int,
+    fixture_dir: str,
+    coco: str,
+    min_seconds: float = 0.0,
+):
     """The model's loader rate in process, pinned to one CPU (its reader threads share
     it), and with `workers` grain workers on all of this process's CPUs."""
     rates = []
@@ -161,7 +176,7 @@ def measure(model: str, batch: int, batches: int, workers: int, fixture_dir: str
             os.sched_setaffinity(0, {min(cpus)})
         try:
             it = train_iterator(model, fixture_dir, coco, batch, count)
-            rates.append(time_loader(it, batches, batch, warmup=1 + 2 * count))
+            rates.append(time_loader(it, batches, batch, 1 + 2 * count, min_seconds))
             del it  # stops its workers
         finally:
             os.sched_setaffinity(0, cpus)
@@ -226,10 +241,10 @@ def check_flags(models: list[str], generations: list[str]) -> None:
     for name, value in (("timed_batches", TIMED_BATCHES.value),):
         if value < 1:
             raise InputBenchError(f"--{name} must be at least 1, got {value}")
-    if GRAIN_WORKERS.value < 0 or FIXTURE_RECORDS.value < 8 or OVERHEAD_STEPS.value < 0:
-        raise InputBenchError(
-            "--grain_workers and --overhead_steps must be >= 0 and --fixture_records >= 8"
-        )
+    if min(GRAIN_WORKERS.value, OVERHEAD_STEPS.value, MIN_SECONDS.value) < 0:
+        raise InputBenchError("--grain_workers, --overhead_steps and --min_seconds must be >= 0")
+    if FIXTURE_RECORDS.value < 8:
+        raise InputBenchError(f"--fixture_records must be at least 8, got {FIXTURE_RECORDS.value}")
 
 
 def markdown(measured: list[Measured], rows: list[Row], overhead: list) -> str:
@@ -266,8 +281,9 @@ def overhead_markdown(overhead: list) -> list[str]:
 
     out = [
         "| model | host batch (bytes) | state leaves | dispatch | host-to-device | logging / step "
-        f"| total | {BUDGET:.0%} of est. step ({' / '.join(overhead[0].budgets_s)}) | within |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| total | {BUDGET:.0%} of est. step ({' / '.join(overhead[0].budgets_s)}) | within "
+        "| steps per dispatch to fit |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in overhead:
         budgets = " / ".join(f"{b * 1e6:.0f} us" for b in o.budgets_s.values())
@@ -275,7 +291,8 @@ def overhead_markdown(overhead: list) -> list[str]:
         out.append(
             f"| {o.model} | {o.host_batch} ({o.batch_bytes / 2**20:.1f} MiB) | {o.state_leaves} | "
             f"{o.dispatch_s * 1e6:.0f} us | {o.transfer_s * 1e6:.0f} us | "
-            f"{o.logging_s * 1e6:.0f} us | {o.total_s * 1e6:.0f} us | {budgets} | {within} |"
+            f"{o.logging_s * 1e6:.0f} us | {o.total_s * 1e6:.0f} us | {budgets} | {within} | "
+            f"{o.steps_per_call} |"
         )
     return out
 
@@ -285,7 +302,10 @@ def as_json(measured: list[Measured], rows: list[Row], overhead: list) -> dict:
     return {
         "measured": [dataclasses.asdict(m) | {"per_core": m.per_core} for m in measured],
         "rows": [dataclasses.asdict(r) | {"share": r.share, "ok": r.ok} for r in rows],
-        "overhead": [dataclasses.asdict(o) | {"total_s": o.total_s} for o in overhead],
+        "overhead": [
+            dataclasses.asdict(o) | {"total_s": o.total_s, "steps_per_call": o.steps_per_call}
+            for o in overhead
+        ],
     }
 
 
@@ -304,7 +324,13 @@ def run(argv: list[str]) -> None:
         batch = host_batch(global_batch, pod.chips, pod.data)
         print(f"bench_input: timing {model} at host batch {batch}", file=sys.stderr, flush=True)
         measured[model] = measure(
-            model, batch, TIMED_BATCHES.value, GRAIN_WORKERS.value, fixture_dir, COCO_DIR.value
+            model,
+            batch,
+            TIMED_BATCHES.value,
+            GRAIN_WORKERS.value,
+            fixture_dir,
+            COCO_DIR.value,
+            MIN_SECONDS.value,
         )
     rows = pod_rows(measured, table, generations)
     overhead = []
@@ -325,7 +351,7 @@ def main(argv: list[str]) -> None:
     """Runs the tool; bad input is one line on stderr and exit code 2."""
     try:
         run(argv)
-    except (InputBenchError, FileNotFoundError) as e:
+    except (InputBenchError, InputError, FileNotFoundError) as e:
         print(f"multipod: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
 

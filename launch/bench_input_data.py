@@ -153,22 +153,28 @@ def write_fixtures(fixture_dir: str, records: int, coco_dir: str = "", seed: int
 
 
 def coco_folder_of(fixture_dir: str, coco_dir: str):
-    """The COCO folder to read: `coco_dir` (annotations/instances_train2017.json and
-    images/train2017/ or train2017/) or the generated one."""
+    """The COCO folder to read: `coco_dir` (annotations/instances_train2017.json, its
+    images' file names taken from images/train2017/, images/, train2017/ or the folder
+    itself, whichever holds the first one) or the generated one."""
     from input_pipeline.coco_builder import CocoFolder
 
     root = coco_dir or os.path.join(fixture_dir, "coco")
     annotations = os.path.join(root, COCO_ANNOTATIONS)
-    images = os.path.join(root, "images", "train2017")
-    if not os.path.isdir(images):
-        images = os.path.join(root, "train2017")
-    for path in (annotations, images):
-        if not os.path.exists(path):
-            raise FileNotFoundError(
-                f"--coco_dir {root!r} lacks {os.path.relpath(path, root)!r}; give a COCO-format "
-                f"folder ({COCO_ANNOTATIONS} and images/train2017/) or leave --coco_dir empty"
-            )
-    return CocoFolder(annotations=annotations, images_dir=images, eval_count=2, split_seed=0)
+    if not os.path.isfile(annotations):
+        raise FileNotFoundError(
+            f"--coco_dir {root!r} lacks {COCO_ANNOTATIONS!r}; give a COCO-format folder "
+            "(annotations and images) or leave --coco_dir empty for generated images"
+        )
+    with open(annotations) as f:
+        first = json.load(f)["images"][0]["file_name"]
+    for sub in ("images/train2017", "images", "train2017", ""):
+        if os.path.isfile(os.path.join(root, sub, first)):
+            images = os.path.join(root, sub)
+            return CocoFolder(annotations=annotations, images_dir=images, eval_count=2)
+    raise FileNotFoundError(
+        f"--coco_dir {root!r}: image {first!r} of {COCO_ANNOTATIONS} is in none of "
+        "images/train2017/, images/, train2017/ or the folder itself"
+    )
 
 
 def train_iterator(

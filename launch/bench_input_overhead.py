@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import time
 
 import numpy as np
@@ -40,6 +41,12 @@ class Overhead:
     @property
     def total_s(self) -> float:
         return self.dispatch_s + self.transfer_s + self.logging_s
+
+    @property
+    def steps_per_call(self) -> int:
+        """Train steps one dispatch would have to run for this host work to fit the
+        tightest budget (1: it fits as it is)."""
+        return max(1, math.ceil(self.total_s / min(self.budgets_s.values())))
 
 
 def _stub_state(abstract, sharding):

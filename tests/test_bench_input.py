@@ -62,8 +62,6 @@ def test_bad_flag_is_a_one_line_error(tmp_path):
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     for args in (
         ["--input_models", "bert,resnet", "--fixture_dir", str(tmp_path)],
-        ["--input_generations", "v9", "--fixture_dir", str(tmp_path)],
-        ["--fixture_dir", str(tmp_path), "--tpu_table", str(tmp_path / "none.md")],
         ["--timed_batches", "many"],
     ):
         proc = subprocess.run(
@@ -77,3 +75,19 @@ def test_bad_flag_is_a_one_line_error(tmp_path):
         assert proc.returncode == 2, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("multipod: error:"), proc.stderr
+    with pytest.raises(bench_input.InputBenchError, match="--input_generations"):
+        bench_input.check_flags(["bert"], ["v9"])
+    with pytest.raises(bench_input.InputBenchError, match="--tpu_table"):
+        bench_input.read_tpu_table(str(tmp_path / "none.md"))
+
+
+def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
+    from launch.bench_input_overhead import BUDGET, measure_overhead
+
+    o = measure_overhead("bert", 8, 2, {"v3": 0.04385, "v5p": 0.02428})
+    assert o.host_batch == 8 and o.state_leaves > 1 and o.batch_bytes > 0
+    assert min(o.dispatch_s, o.transfer_s, o.logging_s) >= 0 and o.dispatch_s > 0
+    assert o.total_s == pytest.approx(o.dispatch_s + o.transfer_s + o.logging_s)
+    assert o.budgets_s["v5p"] == pytest.approx(BUDGET * 0.02428)
+    assert o.steps_per_call * o.budgets_s["v5p"] >= o.total_s
+    assert o.steps_per_call == 1 or (o.steps_per_call - 1) * o.budgets_s["v5p"] < o.total_s
