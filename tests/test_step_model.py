@@ -138,3 +138,30 @@ def test_lower_bound_never_exceeds_a_comparable_measured_run(points, flops_per_e
     packed = points["v2.0/results/cloud-tpu-v4-8192-TF/bert"]
     bound = step_model.lower_bound_s(flops_per_example["bert"], packed)
     assert bound / packed.step_s == pytest.approx(1.22, abs=0.01)
+
+
+def test_the_planner_uses_the_generations_model_and_prints_its_band():
+    from mlperf.planning import search
+    from parallel.costmodel import StepTime
+
+    roofline = StepTime(0.010, 0.004, 0.003, 0.0, None, 0.013)
+    assert step_model.planned_step(roofline, "v4").total_s == pytest.approx(0.010 / 0.5 + 0.003)
+    assert step_model.planned_step(roofline, "v5e") == roofline  # no eta: unchanged
+    compiled = StepTime(0.010, 0.004, 0.003, 0.0, 0.02, 0.02)
+    assert step_model.planned_step(compiled, "v3") == compiled  # libtpu's estimate
+
+    row = {
+        "candidate": "v5e:4x4 model=1", "topology": "v5e:4x4", "memory_per_device": 1 << 30,
+        "fits": True, "step_s": 0.0123, "compute_s": 0.01, "memory_s": 0.004, "comm_s": 0.003,
+        "dcn_s": 0.0, "compiler_s": None, "mfu": 0.4, "time_to_train_s": 60.0,
+        "chip_hours": 0.3, "cost_usd": 0.4, "scaling_efficiency": 1.0,
+        "step_model": step_model.validation_label("v5e"), "validated": False,
+    }  # fmt: skip
+    text = search.table([row])
+    assert text.splitlines()[0] == f"step model (v5e): {step_model.NOT_VALIDATED}"
+    assert "12.3 ms" not in text and "60 s" not in text and "| not validated |" in text
+    v4 = dict(row, topology="v4:4x4x4", validated=True)
+    v4["step_model"] = step_model.validation_label("v4")
+    text = search.table([v4])
+    assert "step model (v4): roofline-eta" in text and "0.38-1.43x over 12" in text
+    assert "| 12.3 ms |" in text

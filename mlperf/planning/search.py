@@ -12,6 +12,8 @@ import math
 import time
 from typing import Any
 
+from mlperf.planning import step_model
+
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
@@ -308,6 +310,11 @@ def evaluate(
         ici_scale=what_if.get("ici_scale", 1.0),
         dcn_wire_bytes=train.get("dcn_wire_bytes"),
     )
+    # The generation's validated step model (libtpu's estimate, or roofline-eta).
+    generation = step_model.generation_of(cand.topology)
+    step = step_model.planned_step(step, generation)
+    row.update(step_model=step_model.validation_label(generation))
+    row.update(validated=generation in step_model.VALIDATED)
     steps = steps_to_target(config)
     price = what_if.get("price") or chip.price_per_hour
     ttt = steps * step.total_s
@@ -441,6 +448,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         step = _fmt_s(r["step_s"])
         if r.get("step_overlapped_s") is not None:  # roofline + ICI: both bounds
             step += f" ({_fmt_s(r['step_overlapped_s'])} with ICI overlapped)"
+        if r.get("validated") is False:  # no measured run to hold an estimate to
+            lines.append(
+                f"| {i} | {r['candidate']} | {mem_txt} | {fits} | not validated | "
+                f"{_fmt_s(r['compute_s'])} | {_fmt_s(r['memory_s'])} | {_fmt_s(r['comm_s'])} | "
+                f"{_fmt_s(r['dcn_s'] or None)} | - | - | not validated | - | - | - |"
+                + (" - |" if with_allreduce else "")
+            )
+            continue
         lines.append(
             f"| {i} | {r['candidate']} | {mem_txt} | {fits} | {step} | "
             f"{_fmt_s(r['compute_s'])} | {_fmt_s(r['memory_s'])} | {_fmt_s(r['comm_s'])} | "
@@ -449,7 +464,12 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['chip_hours']:.3g} | {r['cost_usd']:.3g} | {r['scaling_efficiency']:.2f} |"
             + (f" {_allreduce_text(r.get('allreduce'))} |" if with_allreduce else "")
         )
-    return "\n".join(lines)
+    models = {}
+    for r in rows:
+        if "step_model" in r:
+            models.setdefault(step_model.generation_of(r["topology"]), r["step_model"])
+    notes = [f"step model ({g}): {label}" for g, label in sorted(models.items())]
+    return "\n".join(notes + lines)
 
 
 def _allreduce_text(choice: dict[str, Any] | None) -> str:

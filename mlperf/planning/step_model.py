@@ -27,6 +27,7 @@ import statistics
 from collections.abc import Sequence
 
 from mlperf.planning.measured_runs import MeasuredPoint
+from parallel.costmodel import StepTime
 from parallel.hardware import CHIPS
 
 # Parameters of the models the measured runs trained (float32 gradients all-reduced):
@@ -129,3 +130,19 @@ def calibrate(points: Sequence[MeasuredPoint], flops_per_example: dict[str, floa
         (e / 100 for e in range(5, 101)),
         key=lambda eta: abs(math.log(statistics.median(ratios(points, flops_per_example, eta)))),
     )
+
+
+def generation_of(topology: str) -> str:
+    """`v4` of `v4:16x16x16`."""
+    return topology.split(":", 1)[0]
+
+
+def planned_step(step: StepTime, generation: str) -> StepTime:
+    """The planner's step on `generation`: libtpu's estimate where it gave one (v3), else
+    `roofline-eta` on the compiled program where the generation has a calibrated eta
+    (compute at eta x peak, HBM, then ICI and DCN), else the roofline unchanged."""
+    eta = ETA.get(generation)
+    if step.compiler_s is not None or eta is None:
+        return step
+    total = max(step.compute_s / eta, step.memory_s) + step.ici_s + step.dcn_s
+    return dataclasses.replace(step, total_s=total)
