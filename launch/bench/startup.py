@@ -73,7 +73,7 @@ def time_to_run_start(
     cmd = train_command(config, str(workdir), data_dir, f"--compilation_cache={cache_dir}")
     entries_before = _cache_entries(cache_dir)
     log_path = workdir / "stdout.txt"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the repository root
     with open(log_path, "w") as log:
         start = time.time()
         proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT)

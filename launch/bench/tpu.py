@@ -38,7 +38,7 @@ def header(models: list[str], generations: list[str], variant: str, out: str) ->
     """Date, commit, libtpu and jax versions, machine and the regenerating command."""
     import importlib.metadata as md
 
-    root = Path(tpu_table.__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the repository root
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
