@@ -14,6 +14,8 @@ from typing import Any
 import grain.python as grain
 import numpy as np
 
+from input_pipeline.input_errors import InputError
+
 Batch = dict[str, np.ndarray]
 
 
@@ -107,7 +109,7 @@ def train_loader(
     if host_batch_size < 1:
         raise ValueError(f"host_batch_size must be >= 1, got {host_batch_size}")
     if len(source) == 0:
-        raise ValueError("the training set is empty")
+        raise InputError("the training set is empty: the data the config names holds no examples")
     rows = GlobalOrderHostRows(source, host_batch_size, shard_index, shard_count, seed)
     sampler = grain.IndexSampler(
         num_records=len(rows), shard_options=grain.NoSharding(), shuffle=False, num_epochs=1
@@ -143,12 +145,12 @@ def padded_eval_batches(
     once over all hosts. Padding records are zeros with mask 0.
     """
     if global_batch_size % shard_count:
-        raise ValueError(
+        raise InputError(
             f"global batch size {global_batch_size} is not divisible by the host count "
             f"{shard_count}"
         )
     if num_examples < 1:
-        raise ValueError("the eval set is empty")
+        raise InputError("the eval set is empty: the data the config names holds no eval examples")
     to_numpy = ToNumpy(dtypes)
     host_batch_size = global_batch_size // shard_count
     num_batches = math.ceil(num_examples / global_batch_size)
