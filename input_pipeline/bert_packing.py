@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from input_pipeline.grain_pipeline import GlobalOrderHostRows, ToNumpy
+from input_pipeline.input_errors import InputError
 from input_pipeline.packing import first_fit
 
 Batch = dict[str, np.ndarray]
@@ -55,27 +56,27 @@ class PackingConfig:
     def __post_init__(self):
         for name in ("seq_length", "max_predictions", "max_sequences", "carry"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"data.packing: {name} must be >= 1, got {getattr(self, name)!r}")
+                raise InputError(f"data.packing: {name} must be >= 1, got {getattr(self, name)!r}")
 
 
 def packing_config(data_cfg, seq_length: int, max_predictions: int) -> PackingConfig | None:
     """The config's `data.packing` for a phase of (seq_length, max_predictions) per
-    example; None when packing is off. Bad values raise a one-line ValueError."""
+    example; None when packing is off. Bad values raise a one-line InputError."""
     packing = data_cfg.get("packing")
     if packing is None or not packing.get("enabled", False):
         return None
     if not isinstance(packing.enabled, bool):
-        raise ValueError(f"data.packing.enabled must be True or False, got {packing.enabled!r}")
+        raise InputError(f"data.packing.enabled must be True or False, got {packing.enabled!r}")
     sequences = packing.get("max_sequences", 3)
     per_row = packing.get("max_predictions", 0)
     carry = packing.get("carry", 16)
     for name, value in (("max_sequences", sequences), ("max_predictions", per_row)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ValueError(f"data.packing.{name} must be an integer >= 0, got {value!r}")
+            raise InputError(f"data.packing.{name} must be an integer >= 0, got {value!r}")
     if sequences < 1:
-        raise ValueError("data.packing.max_sequences must be >= 1 (sequences per packed row)")
+        raise InputError("data.packing.max_sequences must be >= 1 (sequences per packed row)")
     if not isinstance(carry, int) or carry < 1:
-        raise ValueError(f"data.packing.carry must be an integer >= 1, got {carry!r}")
+        raise InputError(f"data.packing.carry must be an integer >= 1, got {carry!r}")
     # 0: one example's slots plus one per further sequence (15% of a full row, rounded
     # up once per sequence), which is what MLPerf packing implementations use.
     per_row = per_row or max_predictions + sequences - 1
@@ -194,7 +195,9 @@ class PackedTrainIterator:
         if host_batch_size < 1:
             raise ValueError(f"host_batch_size must be >= 1, got {host_batch_size}")
         if len(source) == 0:
-            raise ValueError("the training set is empty")
+            raise InputError(
+                "the training set is empty: the data the config names holds no examples"
+            )
         self._order = GlobalOrderHostRows(source, 1, shard_index, shard_count, seed)
         self._rows = host_batch_size
         self._cfg = cfg
@@ -223,7 +226,7 @@ class PackedTrainIterator:
             example = self._example(k)
             size = example_size(example)
             if np.any(size > limit):
-                raise ValueError(
+                raise InputError(
                     f"a training example has size {size.tolist()} (tokens, predictions, 1) "
                     f"> a packed row's {limit.tolist()}: raise data.packing.max_predictions"
                 )
