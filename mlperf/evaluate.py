@@ -129,7 +129,7 @@ def evaluate_sets(
     each with the seconds it took (building its data included) as `eval_s`."""
     unknown = sorted(set(names) - set(sets))
     if unknown:
-        raise ValueError(f"unknown final eval sets {unknown}; eval.final_sets has {sorted(sets)}")
+        raise InputError(f"unknown final eval sets {unknown}; eval.final_sets has {sorted(sets)}")
     results = {}
     for name, build in sets.items():
         if names and name not in names:

@@ -31,6 +31,8 @@ import ctypes
 import os
 import platform
 
+from mlperf.config_error import ConfigError
+
 ENV_VAR = "MULTIPOD_KEEP_HOST_MEMORY"
 
 # glibc's mallopt parameters (malloc.h).
@@ -49,7 +51,7 @@ def wanted(default: bool, environ: dict[str, str] | None = None) -> bool:
     if override in ("0", "1"):
         return override == "1"
     if override:
-        raise ValueError(f"{ENV_VAR}={override!r}: set it to 1 (keep) or 0 (glibc's defaults)")
+        raise ConfigError(f"{ENV_VAR}={override!r}: set it to 1 (keep) or 0 (glibc's defaults)")
     return default
 
 

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from mlperf.config_error import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class PhaseSchedule:
@@ -38,7 +40,7 @@ def phase_schedule(p: PhaseSchedule) -> optax.Schedule:
     warmup = optax.linear_schedule(0.0, p.learning_rate, max(p.warmup_steps, 1))
     if p.drop_steps:
         if any(s <= p.warmup_steps for s in p.drop_steps):
-            raise ValueError(
+            raise ConfigError(
                 f"optimizer.lr_drop_steps={tuple(p.drop_steps)} must all come after the "
                 f"{p.warmup_steps} warmup steps."
             )
@@ -124,7 +126,7 @@ def build_optimizer(
             optax.scale_by_learning_rate(schedule),
         )
     elif name == "lars" and has_stack:
-        raise ValueError(
+        raise ConfigError(
             "optimizer.name=lars with a scanned layer stack (model.scan_layers) is not "
             "supported: its trust ratios would span all layers. Use lamb, or scan_layers=False."
         )
@@ -140,6 +142,8 @@ def build_optimizer(
             schedule, weight_decay=opt_cfg.weight_decay, momentum=opt_cfg.get("momentum", 0.9)
         )
     else:
-        raise ValueError(f"optimizer.name={name!r} is unknown; use one of {', '.join(OPTIMIZERS)}.")
+        raise ConfigError(
+            f"optimizer.name={name!r} is unknown; use one of {', '.join(OPTIMIZERS)}."
+        )
     clip = opt_cfg.get("grad_clip_norm", 0.0)
     return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx

@@ -23,6 +23,7 @@ import jax
 
 from input_pipeline.translation_data import build_translation_data
 from mlperf import evaluate
+from mlperf.config_error import ConfigError
 from mlperf.task import Task
 
 
@@ -58,7 +59,7 @@ def evaluate_sets(
     config.eval.final_sets (all, or those in `names`)."""
     sets = task.final_eval_sets()
     if not sets:
-        raise ValueError(
+        raise ConfigError(
             "config.eval.final_sets is empty: give name -> (source file, target file) pairs."
         )
     batch = task.eval_plan().global_batch_size
