@@ -133,7 +133,7 @@ class SubwordVocab:
                         start = end
                         break
                 else:  # every alphabet character is a subword in a well-formed vocabulary
-                    raise ValueError(
+                    raise VocabFileError(
                         f"{self.path}: no subword for {escaped[start]!r} (in {token!r}); the "
                         "vocabulary lacks a single-character subword"
                     )

@@ -24,6 +24,8 @@ _SETS = flags.DEFINE_string("sets", "", "Comma-separated names of eval.final_set
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from input_pipeline.input_errors import InputError
+    from input_pipeline.subword_vocab import VocabFileError
     from mlperf.checkpoint import CheckpointConfig, Checkpointer
     from mlperf.trainer import build_trainer
     from mlperf.transformer.final_bleu import evaluate_sets, record
@@ -46,9 +48,13 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"no checkpoint under {workdir}: train first (launch.train).")
     names = [n for n in _SETS.value.split(",") if n] or list(config.eval.final_sets)
     for name in names:  # recorded one by one: a long second set does not hold up the first
-        results = evaluate_sets(
-            trainer.task, restored.state["params"], trainer.layout, trainer.partitioner, [name]
-        )
+        # An unknown set name, or a missing or malformed eval or vocabulary file: one line.
+        try:
+            results = evaluate_sets(
+                trainer.task, restored.state["params"], trainer.layout, trainer.partitioner, [name]
+            )
+        except (ConfigError, InputError, VocabFileError, FileNotFoundError) as e:
+            raise SystemExit(f"final_bleu: {e}") from None
         record(workdir, restored.step, results)
 
 
