@@ -7,7 +7,7 @@
         --batch_per_device 32 --microbatches 4 --grad_reduce_dtype float16 \\
         --config.data.seq_length=128
     python -m launch.plan --honesty
-    python -m launch.plan --seed_study
+    python -m launch.plan --lin_cluster_study
     python -m launch.plan --scale_study [--points 100b/v4:16x16x16/16/fsdp/1;...] \\
         [--budget_s 900] [--cache_dir /tmp/multipod-scale-study]
     python -m launch.plan --config configs/bert.py:tiny --cpu [--meshes 8x1,4x2] \\
@@ -61,8 +61,10 @@ def _define_flags() -> dict[str, Any]:
         "bpd": flags.DEFINE_integer("batch_per_device", 32, "--cluster: examples per device."),
         "micro": flags.DEFINE_integer("microbatches", 1, "--cluster: gradient accumulation steps."),
         "honesty": flags.DEFINE_bool("honesty", False, "Predict the published MLPerf v0.7 times."),
-        "seed_study": flags.DEFINE_bool(
-            "seed_study", False, "Lin et al.'s T4-cluster study (arXiv 2008.00177) from the model."
+        "lin_cluster_study": flags.DEFINE_bool(
+            "lin_cluster_study",
+            False,
+            "Lin et al.'s T4-cluster study (arXiv 2008.00177) from the model.",
         ),
         "scale_study": flags.DEFINE_bool(
             "scale_study", False, "COMET's study: 10B/100B/1T BERT over splits on 4096 chips."
@@ -152,11 +154,11 @@ def main(argv: list[str]) -> None:
         _scale_study(f)
         return
     config = f["config"]
-    if f["seed_study"]:
-        from mlperf.planning.seed_study import seed_study, seed_study_text
+    if f["lin_cluster_study"]:
+        from mlperf.planning.lin_cluster_study import lin_cluster_study, lin_cluster_study_text
 
-        result = seed_study(config)  # BERT-large unless --config names another BERT
-        print(json.dumps(result, indent=2) if f["json"] else seed_study_text(result))
+        result = lin_cluster_study(config)  # BERT-large unless --config names another BERT
+        print(json.dumps(result, indent=2) if f["json"] else lin_cluster_study_text(result))
         return
     if config is None:
         raise app.UsageError("give --config, e.g. configs/bert.py:mlperf_v07 (or --honesty).")

@@ -215,7 +215,7 @@ def test_per_step_bytes_do_not_grow_with_the_batch():
     assert memory_s(32, micro=2) == pytest.approx((64e6 + 2e9) / 1e9)
 
 
-SEED_COSTS = [  # per phase, as reference_costs returns them (made-up round figures)
+LIN_PHASE_COSTS = [  # per phase, as reference_costs returns them (made-up round figures)
     {"flops_per_example": 2.5e11, "bytes_per_example": 2e8, "flops_per_step": 1e10,
      "bytes_per_step": 6e9, "grad_bytes": 1.34e9, "params": 3.35e8},
     {"flops_per_example": 1.1e12, "bytes_per_example": 8e8, "flops_per_step": 1e10,
@@ -223,36 +223,42 @@ SEED_COSTS = [  # per phase, as reference_costs returns them (made-up round figu
 ]  # fmt: skip
 
 
-def test_seed_study_figures_come_from_its_assumptions():
-    from mlperf.planning.seed_study import SEED_STUDY, seed_study, seed_study_text
+def test_lin_cluster_study_figures_come_from_its_assumptions():
+    from mlperf.planning.lin_cluster_study import (
+        LIN_CLUSTER_STUDY,
+        lin_cluster_study,
+        lin_cluster_study_text,
+    )
 
-    base = seed_study(study=SEED_STUDY, costs=SEED_COSTS)
+    base = lin_cluster_study(study=LIN_CLUSTER_STUDY, costs=LIN_PHASE_COSTS)
     assert [r["nodes"] for r in base["phases"][0]["scaling"]] == [1, 1, 8, 32]
     assert base["phases"][0]["global_batch"] == 256 * 32 * 4
     days = sum(p["examples"] / p["scaling"][-1]["samples_per_s"] for p in base["phases"]) / 86400
     assert base["pretrain_days"] == pytest.approx(days)
     assert base["rent_usd"] == pytest.approx(256 * 0.35 * days * 24)
-    text = seed_study_text(base)
+    text = lin_cluster_study_text(base)
     assert "12 days |" in text and "~70% (published)" in text and "4 accumulation steps" in text
     # More accumulation steps amortise the all-reduce: efficiency up, time down.
-    more = seed_study(study={**SEED_STUDY, "micro": 8}, costs=SEED_COSTS)
+    more = lin_cluster_study(study={**LIN_CLUSTER_STUDY, "micro": 8}, costs=LIN_PHASE_COSTS)
     eff = [p["scaling"][-1]["weak_scaling_efficiency"] for p in (base, more) for p in p["phases"]]
     assert eff[2] > eff[0] and eff[3] > eff[1]
     assert more["pretrain_days"] < base["pretrain_days"]
     # fp32 gradients: twice the bytes over Ethernet, slower.
-    fp32 = seed_study(study={**SEED_STUDY, "grad_reduce_dtype": "float32"}, costs=SEED_COSTS)
+    fp32 = lin_cluster_study(
+        study={**LIN_CLUSTER_STUDY, "grad_reduce_dtype": "float32"}, costs=LIN_PHASE_COSTS
+    )
     assert fp32["pretrain_days"] > base["pretrain_days"]
     assert fp32["buy_usd"] == base["buy_usd"] and fp32["rent_usd"] > base["rent_usd"]
 
 
-def test_seed_row_and_reference_costs_compile_a_tiny_bert():
-    """The Lin et al. row's path (`seed_row`) end to end on a tiny BERT: two reference
+def test_lin_cluster_row_and_reference_costs_compile_a_tiny_bert():
+    """The Lin et al. row's path (`lin_cluster_row`) end to end on a tiny BERT: two reference
     compiles (1 and 2 examples per core) separate per-example from per-step bytes."""
     config = small_bert_config(**{"data.seq_length": 32, "data.max_predictions": 4})
     costs = plan_reports.reference_costs(config)
     assert costs["flops_per_example"] > 0 and costs["bytes_per_example"] > 0
     assert costs["bytes_per_step"] > 0  # weights and optimizer state, once per step
-    row = plan_reports.seed_row(small_bert_config())
+    row = plan_reports.lin_cluster_row(small_bert_config())
     assert row["assumptions"]["micro"] == 4 and row["chips"] == 256
     assert 0 < row["predicted_efficiency"] <= 1.0
     assert "T4" in plan_reports.honesty_table([row])
@@ -260,7 +266,7 @@ def test_seed_row_and_reference_costs_compile_a_tiny_bert():
 
 @pytest.mark.slow
 def test_honesty_row_for_bert_on_a_per_core_proxy():
-    (row,) = plan_reports.honesty_rows("v3:2x2", seed=False, benchmarks=("bert",))
+    (row,) = plan_reports.honesty_rows("v3:2x2", lin_cluster=False, benchmarks=("bert",))
     assert row["status"] == "predicted" and row["proxy_for"] == "v3:64x64"
     assert 0.3 < row["ratio"] < 3.0 and 0.3 < row["step_ratio"] < 3.0, row
 

@@ -29,12 +29,12 @@ PUBLISHED_V07: dict[str, dict[str, Any]] = {
 }
 # Lin et al., "Multi-node BERT pretraining: cost-efficient approach" (published figures:
 # about 70% weak-scaling efficiency for BERT-large with gradient accumulation on 32 nodes
-# x 8 T4s). The full study (time and cost to pretrain) is `mlperf.planning.seed_study`.
-SEED_BERT_CLUSTER = {"cluster": "t4x8x32-10gbe", "weak_scaling_efficiency": 0.70}
+# x 8 T4s). The full study (time and cost to pretrain) is `mlperf.planning.lin_cluster_study`.
+LIN_BERT_CLUSTER = {"cluster": "t4x8x32-10gbe", "weak_scaling_efficiency": 0.70}
 # What the Lin et al. row assumes about the run (phase-1 BERT-large, sequence 128): their 4
 # accumulation steps and fp16 gradients; 32 examples per T4 per microbatch is this
 # planner's assumption (the paper's value is not recorded here).
-SEED_ASSUMPTIONS = {
+LIN_ROW_ASSUMPTIONS = {
     "seq_length": 128,
     "max_predictions": 20,
     "batch_per_device": 32,
@@ -173,7 +173,7 @@ def load_v07_config(benchmark: str):
 
 
 def honesty_rows(
-    proxy: str = "", seed: bool = True, benchmarks: tuple[str, ...] | None = None
+    proxy: str = "", lin_cluster: bool = True, benchmarks: tuple[str, ...] | None = None
 ) -> list[dict[str, Any]]:
     """Predicted v0.7 times to train (config's own mesh, compiled for the published chip
     count) beside the published ones, and the weak-scaling efficiency of Lin et al.'s T4 cluster.
@@ -226,23 +226,23 @@ def honesty_rows(
             fits=result["fits"],
         )
         rows.append(row)
-    if seed:
-        rows.append(seed_row())
+    if lin_cluster:
+        rows.append(lin_cluster_row())
     return rows
 
 
-def seed_row(config=None, costs: dict | None = None) -> dict[str, Any]:
+def lin_cluster_row(config=None, costs: dict | None = None) -> dict[str, Any]:
     """The planner's weak-scaling efficiency for Lin et al.'s T4 cluster (BERT-large
     unless `config` is given; `costs` skips the reference compile)."""
     from configs.bert import get_config
 
-    a = SEED_ASSUMPTIONS
+    a = LIN_ROW_ASSUMPTIONS
     config = copy.deepcopy(config) if config is not None else get_config("large")
     config.data.update(seq_length=a["seq_length"], max_predictions=a["max_predictions"])
     config.model.max_position = max(int(config.model.max_position), a["seq_length"])
     rows = cluster_scaling(
         config,
-        SEED_BERT_CLUSTER["cluster"],
+        LIN_BERT_CLUSTER["cluster"],
         a["batch_per_device"],
         a["micro"],
         costs=costs,
@@ -253,7 +253,7 @@ def seed_row(config=None, costs: dict | None = None) -> dict[str, Any]:
         "benchmark": "bert (Lin et al.)",
         "chips": full["devices"],
         "status": "predicted",
-        "published_efficiency": SEED_BERT_CLUSTER["weak_scaling_efficiency"],
+        "published_efficiency": LIN_BERT_CLUSTER["weak_scaling_efficiency"],
         "predicted_efficiency": full["weak_scaling_efficiency"],
         "assumptions": a,
         "scaling": rows,

@@ -1,4 +1,4 @@
-"""Lin et al.'s cluster study regenerated from the model: `launch.plan --seed_study`.
+"""Lin et al.'s cluster study regenerated from the model: `launch.plan --lin_cluster_study`.
 
 Lin et al., "Multi-node BERT pretraining: cost-efficient approach" (arXiv 2008.00177,
 2020) pretrain BERT-large on 32 nodes x 8 NVIDIA T4 joined by 10 Gb/s Ethernet with
@@ -7,7 +7,7 @@ report about 70% weak-scaling efficiency and 12 days to pretrain. This module pr
 the same quantities from `parallel.costmodel.cluster_step_time` and a reference TPU
 compile of each phase (FLOPs and HBM bytes per example and per step,
 `reports.reference_costs`), and the cost of buying the cluster against renting it
-(`parallel.hardware` prices). Every input is in `SEED_STUDY`, printed with the table.
+(`parallel.hardware` prices). Every input is in `LIN_CLUSTER_STUDY`, printed with the table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import copy
 from typing import Any
 
 # The paper's published figures (nothing else here is published by it).
-SEED_PUBLISHED = {
+LIN_PUBLISHED = {
     "weak_scaling_efficiency": 0.70,
     "pretrain_days": 12.0,
     "source": "Lin et al. 2020 (arXiv 2008.00177): ~70% weak scaling, 12 days",
@@ -24,7 +24,7 @@ SEED_PUBLISHED = {
 # The study's inputs. `micro`, `grad_reduce_dtype`, the phases' sequence lengths and the
 # cluster are the paper's stated setup; the rest are this planner's assumptions, named as
 # such in the printed table.
-SEED_STUDY: dict[str, Any] = {
+LIN_CLUSTER_STUDY: dict[str, Any] = {
     "cluster": "t4x8x32-10gbe",  # the paper's: 32 nodes x 8 T4, 10 Gb/s Ethernet
     "nodes": (1, 8, 32),
     "micro": 4,  # the paper's gradient accumulation steps
@@ -55,7 +55,7 @@ def phase_config(config, phase: dict[str, Any]):
     return c
 
 
-def seed_study(
+def lin_cluster_study(
     config=None, study: dict[str, Any] | None = None, costs: list[dict] | None = None
 ) -> dict[str, Any]:
     """Weak scaling at the study's node counts for each phase, time to pretrain on the
@@ -65,7 +65,7 @@ def seed_study(
     from mlperf.planning.reports import cluster_scaling, reference_costs
     from parallel.hardware import CHIPS, CLUSTERS, PURCHASE_PRICES
 
-    study = study or SEED_STUDY
+    study = study or LIN_CLUSTER_STUDY
     config = config if config is not None else get_config("large")
     cluster = CLUSTERS[study["cluster"]]
     phases_out, all_costs, seconds = [], [], 0.0
@@ -96,7 +96,7 @@ def seed_study(
     hours = seconds / 3600
     return {
         "study": study,
-        "published": SEED_PUBLISHED,
+        "published": LIN_PUBLISHED,
         "costs": all_costs,
         "phases": phases_out,
         "pretrain_s": seconds,
@@ -111,7 +111,7 @@ def seed_study(
     }
 
 
-def seed_study_text(r: dict[str, Any]) -> str:
+def lin_cluster_study_text(r: dict[str, Any]) -> str:
     """The study as markdown: weak scaling per phase, time and cost, and the inputs."""
     s, pub = r["study"], r["published"]
     nodes = [n for n in s["nodes"]]
@@ -120,7 +120,7 @@ def seed_study_text(r: dict[str, Any]) -> str:
         f"Weak-scaling efficiency (throughput per T4 against one T4), {s['micro']} "
         f"accumulation steps, {s['grad_reduce_dtype']} gradients:",
         "",
-        f"| phase | 1 T4 | {head} | published (seed) |",
+        f"| phase | 1 T4 | {head} | published (Lin et al.) |",
         "|---|" + "---|" * (len(nodes) + 2),
     ]
     for p in r["phases"]:
@@ -146,7 +146,7 @@ def seed_study_text(r: dict[str, Any]) -> str:
     )
     lines += [
         "",
-        "| | predicted | published (seed) |",
+        "| | predicted | published (Lin et al.) |",
         "|---|---|---|",
         f"| time to pretrain BERT-large | {r['pretrain_days']:.1f} days ({phase_days}) | "
         f"{pub['pretrain_days']:g} days |",
