@@ -27,8 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 RESULTS = sorted(glob.glob(os.path.join(ROOT, "docs", "results", "*.md")))
 # Paths outside the repository that a page must not lead a reader to (a data folder is
-# `DIR` or `DATA_DIR`; papers are cited by authors and title).
-OUTSIDE_REPOSITORY = re.compile(r"\.\./shared|/work/|DESIGN\.md|fixvenv|seed paper")
+# `DIR` or `DATA_DIR`; papers are cited by authors and title; the shared machine's job
+# lock, /tmp/multipod-heavy.lock, is no part of the project).
+OUTSIDE_REPOSITORY = re.compile(
+    r"\.\./shared|/work/|DESIGN\.md|fixvenv|seed paper|/tmp/multipod-heavy"
+)
 
 
 def _read(path: str) -> str:
