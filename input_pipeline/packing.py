@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from input_pipeline.input_errors import InputError
+
 PACKED_FIELDS = (
     "inputs",
     "inputs_segmentation",
@@ -85,7 +87,7 @@ def pack_pairs(
     if len(inputs) != len(targets):
         raise ValueError(f"{len(inputs)} inputs but {len(targets)} targets")
     if len(inputs) == 0:
-        raise ValueError("nothing to pack: no training pairs")
+        raise InputError("nothing to pack: no training pairs")
     rows_out: list[_Row] = []
     open_list: list[_Row] = []
     for i in np.random.default_rng(seed).permutation(len(inputs)):

@@ -31,6 +31,7 @@ import google_crc32c
 import numpy as np
 
 from input_pipeline import storage
+from input_pipeline.input_errors import InputError
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
@@ -249,7 +250,7 @@ class TFRecordSource:
         `first_file` (round robin): hosts sharing cache_dir start at different files and
         mostly load each other's indexes instead of all walking every file."""
         if not files:
-            raise ValueError("TFRecordSource needs at least one file")
+            raise InputError("TFRecordSource needs at least one file")
         self.files = tuple(files)
         self._parse = parse
         n = len(self.files)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from mlperf.config_error import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchProblem:
@@ -168,5 +170,5 @@ def use_slices(config, slices: int) -> None:
         return
     axes = tuple(m.axes)
     if "data" not in axes:
-        raise ValueError(f"mesh.axes={axes} has no 'data' axis to span {slices} slices.")
+        raise ConfigError(f"mesh.axes={axes} has no 'data' axis to span {slices} slices.")
     m.dcn_shape = tuple(slices if a == "data" else 1 for a in axes)

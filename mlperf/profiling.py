@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 
+from mlperf.config_error import ConfigError
 from mlperf.staged_files import StagedWorkdir
 
 SUBDIR = "profile"
@@ -37,12 +38,12 @@ def parse_steps(spec: str) -> tuple[int, int] | None:
             raise ValueError
         start, stop = int(parts[0]), int(parts[1])
     except ValueError:
-        raise ValueError(
+        raise ConfigError(
             f"--profile_steps={spec!r} is not 'a:b'; give two step numbers, e.g. 10:13 "
             "to trace steps 10, 11 and 12."
         ) from None
     if not 0 <= start < stop:
-        raise ValueError(f"--profile_steps={spec!r} needs 0 <= a < b (steps a..b-1 are traced).")
+        raise ConfigError(f"--profile_steps={spec!r} needs 0 <= a < b (steps a..b-1 are traced).")
     return start, stop
 
 

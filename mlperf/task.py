@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from mlperf.config_error import ConfigError
 from mlperf.optimizer import PhaseSchedule, joined_schedule
 from mlperf.pretrained import Pretrained
 
@@ -306,7 +307,7 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         """(first eval, eval interval) in samples under the MLPerf rules of the task's
         round, for train.eval_every_samples=-1."""
         del phases
-        raise ValueError(
+        raise ConfigError(
             f"train.eval_every_samples=-1 (the MLPerf rules' schedule) is not defined for "
             f"{self.benchmark}; give a sample count"
         )

@@ -12,6 +12,8 @@ An eval runs at the first step boundary at or past each due sample count.
 
 from __future__ import annotations
 
+from mlperf.config_error import ConfigError
+
 V07_TARGET = 0.712
 V10_TARGET = 0.720
 
@@ -22,7 +24,7 @@ def _round_number(mlperf_round: str) -> float:
     except (TypeError, ValueError):
         number = -1.0
     if number < 0.7:
-        raise ValueError(
+        raise ConfigError(
             f"mlperf.round must be an MLPerf training round with BERT (0.7, 1.0, 1.1, "
             f"2.0, ...), got {mlperf_round!r}"
         )

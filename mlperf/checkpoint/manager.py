@@ -42,6 +42,7 @@ from mlperf.checkpoint.integrity import (
     write_manifest,
 )
 from mlperf.checkpoint.iterator_state import FrozenIteratorState
+from mlperf.config_error import ConfigError
 
 PyTree = Any
 # Called with a checkpoint's metadata and path before its arrays are read; raises
@@ -77,7 +78,7 @@ class CheckpointConfig:
         for key, low in (("keep", 1), ("keep_best", 0), ("every_steps", 0)):
             if getattr(self, key) < low:
                 why = " (checkpoint.enabled=False writes none)" if key == "keep" else ""
-                raise ValueError(f"checkpoint.{key}={getattr(self, key)}: must be >= {low}{why}")
+                raise ConfigError(f"checkpoint.{key}={getattr(self, key)}: must be >= {low}{why}")
 
     @classmethod
     def from_config(cls, config, workdir: str) -> CheckpointConfig:

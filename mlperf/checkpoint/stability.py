@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from mlperf.config_error import ConfigError
 from mlperf.loop_state import LoopState
 
 MIN_HISTORY = 3  # losses needed before a median means anything
@@ -30,7 +31,7 @@ class SpikeRule:
         c = config.get("checkpoint", None) or {}
         rule = cls(float(c.get("loss_spike_factor", 10.0)), int(c.get("loss_spike_window", 20)))
         if not rule.factor > 1.0 or rule.window < MIN_HISTORY:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint.loss_spike_factor={rule.factor} / loss_spike_window={rule.window}:"
                 f" the factor must be > 1 and the window >= {MIN_HISTORY} logged losses."
             )

@@ -18,6 +18,7 @@ from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.coco_source import cache_dir, coco_folder
 from input_pipeline.grain_pipeline import padded_eval_batches
 from mlperf.coco_eval import CocoEvaluator
+from mlperf.config_error import ConfigError
 from mlperf.layers.resnet import ResNetConfig
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.maskrcnn.boxes import AnchorConfig
@@ -148,7 +149,7 @@ class MaskRcnnTask(Task[MaskRcnnData]):
         if self.has_data:
             return self.data.coco.num_classes - 1
         if self.config.model.num_classes <= 0:
-            raise ValueError("model.num_classes must be set when the data is not prepared.")
+            raise ConfigError("model.num_classes must be set when the data is not prepared.")
         return self.config.model.num_classes
 
     def model_config(self) -> MaskRcnnConfig:

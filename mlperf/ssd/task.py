@@ -21,6 +21,7 @@ from flax import nnx
 from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.coco_source import cache_dir, coco_folder
 from mlperf.coco_eval import CocoEvaluator
+from mlperf.config_error import ConfigError
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.pretrained import PretrainedModules
 from mlperf.ssd import data as ssd_data
@@ -51,7 +52,7 @@ def check_spatial_partitioning(config) -> None:
     rules = {name: axis for name, axis in config.parallel.get("rules", ())}
     model_size = dict(zip(config.mesh.axes, config.mesh.ici_shape, strict=True)).get("model")
     if rules.get("height") != "model" or model_size != k:
-        raise ValueError(
+        raise ConfigError(
             f"model.spatial_partitions={k} needs --config.mesh.ici_shape='(-1,{k})' and "
             '--config.parallel.rules=\'(("height","model"),)\' (got mesh '
             f"{tuple(config.mesh.ici_shape)}, rules {tuple(config.parallel.get('rules', ()))})."
@@ -92,7 +93,7 @@ class SsdTask(Task[SsdData]):
         data = prepare_coco(self.coco_folder(), os.path.join(cache_dir(self.config.data), "tfds"))
         classes = self.config.model.num_classes
         if classes and classes != data.num_classes:
-            raise ValueError(
+            raise ConfigError(
                 f"model.num_classes={classes} but the data has {data.num_classes} "
                 "classes (with background); set it to 0 to take the data's."
             )
@@ -143,12 +144,12 @@ class SsdTask(Task[SsdData]):
         steps = tuple(int(s) for s in o.lr_drop_steps)
         if o.lr_drop_epochs:
             if steps:
-                raise ValueError(
+                raise ConfigError(
                     "set optimizer.lr_drop_steps or optimizer.lr_drop_epochs, not both "
                     f"(got {steps} and {tuple(o.lr_drop_epochs)})."
                 )
             if c.data.train_examples <= 0:
-                raise ValueError(
+                raise ConfigError(
                     "optimizer.lr_drop_epochs needs data.train_examples > 0 (the training "
                     "set size) to turn epochs into steps."
                 )
@@ -165,7 +166,7 @@ class SsdTask(Task[SsdData]):
         m = self.config.model
         classes = m.num_classes or (self.data.coco.num_classes if self.has_data else 0)
         if not classes:
-            raise ValueError("model.num_classes is 0 and no data is prepared to take it from.")
+            raise ConfigError("model.num_classes is 0 and no data is prepared to take it from.")
         return self._model_shape(classes)
 
     def _model_shape(self, num_classes: int) -> SsdConfig:

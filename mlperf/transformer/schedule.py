@@ -14,11 +14,13 @@ from __future__ import annotations
 import jax.numpy as jnp
 import optax
 
+from mlperf.config_error import ConfigError
+
 
 def rsqrt_schedule(base: float, warmup_steps: int, hidden_size: int = 0) -> optax.Schedule:
     """The warmup + rsqrt-decay schedule; hidden_size > 0 adds the 1/sqrt(hidden) factor."""
     if warmup_steps < 1:
-        raise ValueError(f"the rsqrt schedule needs warmup_steps >= 1, got {warmup_steps}")
+        raise ConfigError(f"the rsqrt schedule needs warmup_steps >= 1, got {warmup_steps}")
     scale = base / (hidden_size**0.5 if hidden_size > 0 else 1.0)
 
     def schedule(step):

@@ -22,6 +22,7 @@ from flax import nnx
 
 from input_pipeline import packing, translation_vocab
 from input_pipeline.translation_data import TranslationData, build_translation_data
+from mlperf.config_error import ConfigError
 from mlperf.layers.cross_entropy import softmax_cross_entropy
 from mlperf.mllog import keys
 from mlperf.task import Phase, Task, from_config, single_phase
@@ -212,7 +213,7 @@ class TransformerTask(Task[TranslationData]):
         uncased BLEU, mlperf/transformer/bleu_mlperf.py)."""
         method = self.config.eval.get("bleu", "sacrebleu")
         if method not in BLEU_METHODS:
-            raise ValueError(f"eval.bleu must be one of {BLEU_METHODS}, got {method!r}")
+            raise ConfigError(f"eval.bleu must be one of {BLEU_METHODS}, got {method!r}")
         return method
 
     def finalize_eval(self, sums: dict[str, Any]) -> dict[str, float]:
