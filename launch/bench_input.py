@@ -39,8 +39,9 @@ from input_pipeline.input_errors import InputError
 from launch.bench_input_data import MODELS, mlperf_config, train_iterator, write_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
-# A TPU VM host's vCPUs, from Google's Cloud TPU pages (VM/host properties; read 2026-12):
-# v5p 208 (half of them within one NUMA node), v4 240, v3 96. Each host has 4 chips.
+# A TPU VM host's vCPUs. v5p: the Cloud TPU v5p page's VM, host and slice properties (208,
+# half of them within one NUMA node). v4 240 and v3 96: the TPU VM shapes as usually
+# quoted, not checked here against a Google page. Each host has 4 chips.
 HOST_VCPUS = {"v3": 96, "v4": 240, "v5p": 208}
 CHIPS_PER_HOST = 4
 MAX_SHARE = 0.5  # the goal: input takes at most half a host's cores
