@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mlperf.config_error import ConfigError
 from mlperf.layers.attention_core import CPU_BLOCK_BYTES, attention_context
 from mlperf.layers.linear import DenseGeneral
 from parallel.partition import constrain
@@ -37,7 +38,7 @@ class SelfAttention(nnx.Module):
         cpu_block_bytes: int = CPU_BLOCK_BYTES,
     ):
         if dim % num_heads:
-            raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}.")
+            raise ConfigError(f"hidden size {dim} is not divisible by num_heads {num_heads}.")
         head_dim = dim // num_heads
         self.head_dim = head_dim
         self.dropout_rate = dropout_rate

@@ -32,6 +32,7 @@ import numpy as np
 from jax import lax
 from jax.extend.random import threefry2x32_p
 
+from mlperf.config_error import ConfigError
 from parallel.collectives import to_varying, varying_axes
 
 _LEVELS = 1 << 16  # a keep decision compares one 16-bit word against the rate
@@ -40,7 +41,7 @@ _LEVELS = 1 << 16  # a keep decision compares one 16-bit word against the rate
 def drop_threshold(rate: float) -> int:
     """How many of the 65536 values of a 16-bit word drop the element."""
     if not 0.0 <= rate < 1.0:
-        raise ValueError(f"dropout rate {rate} is outside [0, 1): set it to 0 to disable")
+        raise ConfigError(f"dropout rate {rate} is outside [0, 1): set it to 0 to disable")
     return round(rate * _LEVELS)
 
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mlperf.config_error import ConfigError
 from mlperf.layers.conv import ConvBN, constrain_image, max_pool
 
 STAGE_NAMES = ("C2", "C3", "C4", "C5")
@@ -133,11 +134,11 @@ class ResNet(nnx.Module):
 
     def __init__(self, cfg: ResNetConfig, *, rngs: nnx.Rngs, in_channels: int = 3):
         if cfg.block not in ("basic", "bottleneck"):
-            raise ValueError(f"ResNet block {cfg.block!r}: use 'basic' or 'bottleneck'.")
+            raise ConfigError(f"ResNet block {cfg.block!r}: use 'basic' or 'bottleneck'.")
         if not 1 <= cfg.num_stages <= len(cfg.stage_sizes):
-            raise ValueError(f"num_stages={cfg.num_stages} must be in 1..{len(cfg.stage_sizes)}.")
+            raise ConfigError(f"num_stages={cfg.num_stages} must be in 1..{len(cfg.stage_sizes)}.")
         if not 0 <= cfg.freeze_at <= cfg.num_stages + 1:
-            raise ValueError(
+            raise ConfigError(
                 f"backbone freeze_at={cfg.freeze_at} must be in 0..{cfg.num_stages + 1} (0: "
                 "train all, 1: freeze the stem, k: the stem and the first k-1 stages)."
             )

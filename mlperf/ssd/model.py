@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from mlperf.config_error import ConfigError
 from mlperf.layers.conv import BatchNorm, Conv, constrain_image
 from mlperf.layers.resnet import ResNet, ResNetConfig, resnet34
 from mlperf.ssd.boxes import AnchorConfig
@@ -67,7 +68,7 @@ def extra_layer_strides(feature_sizes: tuple[int, ...]) -> list[str]:
         elif size == (prev + 1) // 2:
             kinds.append("s2")
         else:
-            raise ValueError(
+            raise ConfigError(
                 f"feature size {size} cannot follow {prev}: an extra layer halves the map "
                 "(stride 2) or shrinks it by 2 (3x3 valid); fix anchors.feature_sizes."
             )
@@ -108,7 +109,7 @@ class Ssd(nnx.Module):
         a = cfg.anchors
         levels = len(a.feature_sizes)
         if len(cfg.feature_channels) != levels or len(cfg.extra_mid_channels) != levels - 1:
-            raise ValueError(
+            raise ConfigError(
                 f"{levels} feature levels need {levels} feature_channels and {levels - 1} "
                 "extra_mid_channels."
             )
