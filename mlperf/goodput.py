@@ -16,6 +16,7 @@ machines into `no_machines_s`, the rest of the wait into `restart_lost_s`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -126,6 +127,43 @@ class Goodput:
             self.restart_lost_s += max(float(gap.get("seconds", 0.0)) - no_machines, 0.0)
         self.supervised_restarts = max(self.supervised_restarts, len(restarts))
         self.attempts = max(self.attempts, int(record.get("attempt", 1)) - 1)
+
+
+class LoopLedger:
+    """The train loop's side of the ledger: between two `book` calls, the loop time that
+    evals and saves did not take was training. `book` also writes the ledger (process 0),
+    so a killed attempt loses at most the time since its last progress line."""
+
+    def __init__(self, goodput: Goodput, workdir: str, is_main: bool):
+        self.goodput, self.workdir, self.is_main = goodput, workdir, is_main
+        self._mark = time.perf_counter()
+        self._booked = self._paused_total()
+
+    def _paused_total(self) -> float:
+        return self.goodput.eval_s + self.goodput.checkpoint_save_s
+
+    def begin(self, step: int) -> None:
+        """The loop starts (or resumes) at `step`: rates and the ledger count from here."""
+        self._mark, self._booked = time.perf_counter(), self._paused_total()
+        self.goodput.last_step = step
+
+    def paused_s(self) -> float:
+        """Seconds of evals and saves since the last `book` (not part of its samples/s)."""
+        return self._paused_total() - self._booked
+
+    def book(self, step: int) -> None:
+        """Books the loop time since the last call, up to `step`, and writes the ledger."""
+        g = self.goodput
+        now = time.perf_counter()
+        booked = self._paused_total()
+        g.train_s += max(now - self._mark - (booked - self._booked), 0.0)
+        g.train_steps += step - g.last_step
+        g.last_step = step
+        self._mark, self._booked = now, booked
+        if self.is_main:
+            # Bookkeeping only: a full disk is reported by the saves.
+            with contextlib.suppress(OSError):
+                g.write(self.workdir)
 
 
 def read_supervisor(workdir: str) -> dict[str, Any] | None:

@@ -5,11 +5,24 @@ a `TrainLoop`, which trains through the phases until the target or the step budg
 counters are a `LoopState` (mlperf/loop_state.py), which is also the checkpoint metadata.
 It stops early, always with one line saying why, at a preemption notice or Ctrl-C (after
 a checkpoint), a non-finite loss (naming the last good checkpoint) or a failed save.
+
+The step loop itself only trains; the work at step boundaries is the hooks
+(mlperf/loop_hooks.py) that `standard_hooks` registers, run in this order after a step:
+
+    profile window   brackets the step (starts before step a, stops once b-1 is dispatched)
+    progress         logged steps: fetch the metrics, stop at a non-finite loss, print
+    goodput          logged steps: book the loop time into the ledger and write it
+    saves_ok         logged steps (every step on one process): stop if a save failed
+    eval             eval boundaries: close the MLPerf block, eval, check the target
+    checkpoint       saves due (every_steps, at_eval, preemption): write one
+    preemption       a preemption notice or Ctrl-C: stop, the checkpoint written
+
+The eval runs before the save so the checkpoint holds its metrics and the run stops at
+the target only after that save; the MLPerf log events follow this order.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
@@ -30,7 +43,8 @@ from mlperf.checkpoint import (
 )
 from mlperf.checkpoint.manager import all_hosts_ok
 from mlperf.evaluate import Evaluator
-from mlperf.goodput import Goodput
+from mlperf.goodput import Goodput, LoopLedger
+from mlperf.loop_hooks import Hooks, StepEnd, every
 from mlperf.loop_state import LoopState
 from mlperf.mllog import keys
 from mlperf.profiling import ProfileWindow
@@ -100,6 +114,7 @@ class TrainLoop:
             last_eval = (resumed.evaluated_at, resumed.eval_metrics[self.task.target_metric])
         log.begin_training(self.total_steps, self.task.target_metric, peak_flops_per_s, last_eval)
         self.goodput = goodput if goodput is not None else Goodput()
+        self.ledger = LoopLedger(self.goodput, workdir, is_main)
         # The counters a checkpoint holds; it always records this run's own config.
         self.s = resumed if resumed is not None else LoopState(next_eval=first_eval)
         self.s.config = plain_config(config)
@@ -116,6 +131,7 @@ class TrainLoop:
         self.initial_eval = initial_eval and resumed is None
         if resumed is not None and checkpointer is not None:
             checkpointer.protected.unstable_since = self.s.unstable_since
+        self.hooks = standard_hooks(self)
         self.start = time.perf_counter()
 
     # ---- checkpoints ---------------------------------------------------------------------
@@ -306,98 +322,108 @@ class TrainLoop:
         self.s.last_metrics = last
         self._watch(last["loss"])
         # Evals and saves since the last line are not part of its samples/s.
-        g = self.goodput
-        paused = g.eval_s + g.checkpoint_save_s - self._booked
-        self.log.train(self.s.step, self.s.samples, self.s.last_metrics, paused)
-        self._account()
+        self.log.train(self.s.step, self.s.samples, self.s.last_metrics, self.ledger.paused_s())
         return True
-
-    def _account(self) -> None:
-        """Books the loop time since the last call into the goodput ledger (what evals
-        and saves did not take was training) and writes the ledger (process 0)."""
-        g = self.goodput
-        now = time.perf_counter()
-        booked = g.eval_s + g.checkpoint_save_s
-        g.train_s += max(now - self._mark - (booked - self._booked), 0.0)
-        g.train_steps += self.s.step - g.last_step
-        g.last_step = self.s.step
-        self._mark, self._booked = now, booked
-        if self.is_main:
-            # Bookkeeping only: a full disk is reported by the saves.
-            with contextlib.suppress(OSError):
-                g.write(self.workdir)
 
     # ---- the loop ------------------------------------------------------------------------
     def run(self, state, key, phase_runs: list[PhaseRun]):
         """Trains through every phase (from where a checkpoint left off) until the target
         or the step budget; stops early at a preemption notice or a non-finite loss."""
+        # Rates, ETA and the ledger count from here: the steps this process runs.
+        self.log.progress.begin(self.s.step, self.s.samples, self.s.model_flops)
+        self.ledger.begin(self.s.step)
         try:
-            return self._run(state, key, phase_runs)
+            return self._steps(state, key, phase_runs)
         finally:
-            self.profile.close()
+            self.ledger.book(self.s.step)
+            self.hooks.close()
             self.log.end_training()
             if self.preemption is not None:
                 self.preemption.close()
 
-    def _run(self, state, key, phase_runs: list[PhaseRun]):
-        # Rates, ETA and the ledger count from here: the steps this process runs.
-        self.log.progress.begin(self.s.step, self.s.samples, self.s.model_flops)
-        self._mark, self._booked = time.perf_counter(), self.goodput.eval_s
-        self._booked += self.goodput.checkpoint_save_s
-        self.goodput.last_step = self.s.step
-        try:
-            return self._steps(state, key, phase_runs)
-        finally:
-            self._account()
-
     def _steps(self, state, key, phase_runs: list[PhaseRun]):
-        config = self.trainer.config
-        partitioner = self.trainer.partitioner
-        metrics = None
-        if self.initial_eval and self.s.step == 0:
-            self.initial_eval = False
-            self._evaluate(state["params"])  # eval_accuracy at epoch_num 0
-            self._take_eval()
-            if self.s.reached and config.train.stop_at_target:
-                return state
+        if not self._initial_eval(state):
+            return state
         if not self.s.block_open and self.s.step < self.total_steps:
             self._open_block()
+        metrics = None
         for phase_index, pr in enumerate(phase_runs):
             # Analytic FLOPs of this phase's examples, for MFU (BERT phase 2 is longer).
             self.log.progress.flops_per_example = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
                 step_samples = self.task.step_samples(pr.pending, pr.phase)
-                batch = partitioner.host_to_global(pr.pending, pr.layout)
-                self.profile.before_step(self.s.step)
+                batch = self.trainer.partitioner.host_to_global(pr.pending, pr.layout)
+                self.hooks.run_before(self.s.step)
                 state, metrics = pr.step_fn(state, batch, key)
-                self.profile.after_step(self.s.step, metrics)
+                self.hooks.run_dispatched(self.s.step, metrics)
                 self.s.step += 1
                 pr.done += 1
                 self.s.samples += step_samples
-                last = self.s.step == self.total_steps
-                boundary = self.s.samples >= self.s.next_eval or last
-                preempted = self.preemption is not None and self.preemption.reached(self.s.step)
-                save = self._save_due(boundary) or preempted
+                at = self._step_end(state, metrics, key, phase_index, pr)
                 # The input position of the next step, taken before it is prefetched.
-                iterator_state = iterator_state_of(pr.iterator) if save else None
+                at.iterator_state = iterator_state_of(pr.iterator) if at.save else None
                 pr.pending = next(pr.iterator)  # host input overlaps the device step
-                logged = self.s.step % config.train.log_every_steps == 0 or last
-                if logged and not self._log(metrics):
-                    return state
-                # A background save that failed stops the run here (several processes
-                # agree at logged steps only: it takes a collective).
-                if (logged or jax.process_count() == 1) and not self._saves_ok():
-                    return state
-                stop = boundary and self._eval_boundary(state, metrics, last)
-                if save and not self._save(state, key, phase_index, pr, iterator_state, metrics):
-                    return state
-                if preempted:
-                    self._stop_preempted()
-                    return state
-                if stop:
+                if not self.hooks.run_step_end(at):
                     return state
         with self.goodput.timing("eval_s"):
             self._take_eval()
         if not self.s.last_metrics and metrics is not None:
             self._log(metrics)
         return state
+
+    def _initial_eval(self, state) -> bool:
+        """The eval of the starting point (a pretrained checkpoint) before the first step,
+        when asked for; False when it already reaches the target (the run stops)."""
+        if not (self.initial_eval and self.s.step == 0):
+            return True
+        self.initial_eval = False
+        self._evaluate(state["params"])  # eval_accuracy at epoch_num 0
+        self._take_eval()
+        return not (self.s.reached and self.trainer.config.train.stop_at_target)
+
+    def _step_end(self, state, metrics, key, phase_index: int, pr: PhaseRun) -> StepEnd:
+        """What is due after the step just counted: eval boundary, save, preemption."""
+        last = self.s.step == self.total_steps
+        boundary = self.s.samples >= self.s.next_eval or last
+        preempted = self.preemption is not None and self.preemption.reached(self.s.step)
+        save = self._save_due(boundary) or preempted
+        return StepEnd(
+            self.s.step, state, metrics, key, phase_index, pr, last, boundary, save, preempted
+        )
+
+
+def standard_hooks(loop: TrainLoop) -> Hooks:
+    """The loop's hooks in their order (see the module docstring)."""
+    hooks = Hooks()
+    hooks.bracket(loop.profile.before_step, loop.profile.after_step, loop.profile.close)
+    log_every = every(loop.trainer.config.train.log_every_steps)
+
+    def logged(at: StepEnd) -> bool:
+        return log_every(at) or at.last
+
+    def book(at: StepEnd) -> bool:
+        loop.ledger.book(at.step)
+        return True
+
+    def eval_boundary(at: StepEnd) -> bool:
+        at.stop = loop._eval_boundary(at.state, at.metrics, at.last)
+        return True
+
+    def save(at: StepEnd) -> bool:
+        pr = at.phase_run
+        return loop._save(at.state, at.key, at.phase_index, pr, at.iterator_state, at.metrics)
+
+    def stop_preempted(at: StepEnd) -> bool:
+        loop._stop_preempted()
+        return False
+
+    hooks.add("progress", lambda at: loop._log(at.metrics), due=logged)
+    hooks.add("goodput", book, due=logged)
+    # A background save that failed stops the run (several processes agree at logged
+    # steps only: it takes a collective).
+    one_process = jax.process_count() == 1
+    hooks.add("saves_ok", lambda at: loop._saves_ok(), due=lambda at: one_process or logged(at))
+    hooks.add("eval", eval_boundary, due=lambda at: at.boundary)
+    hooks.add("checkpoint", save, due=lambda at: at.save)
+    hooks.add("preemption", stop_preempted, due=lambda at: at.preempted)
+    return hooks
