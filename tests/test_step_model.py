@@ -113,6 +113,50 @@ def test_v4_eta_is_calibrated_once_and_its_band_holds(points, flops_per_example)
     }
 
 
+# estimate / measured of roofline-eta (eta=0.50) at every v4 point, as the page quotes them.
+V4_RATIOS = {
+    "v0.7/results/tpu-v4-16-TF/bert": 1.15,
+    "v0.7/results/tpu-v4-128-TF/bert": 1.2,
+    "v0.7/results/tpu-v4-512-TF/bert": 0.96,
+    "v0.7/results/tpu-v4-16-TF/transformer": 1.42,
+    "v0.7/results/tpu-v4-128-TF/transformer": 1.18,
+    "v0.7/results/tpu-v4-512-TF/transformer": 1.05,
+    "v0.7/results/tpu-v4-16-TF/ssd": 1.06,
+    "v0.7/results/tpu-v4-128-TF/ssd": 0.89,
+    "v0.7/results/tpu-v4-512-TF/ssd": 0.45,
+    "v0.7/results/tpu-v4-16-TF/maskrcnn": 0.89,
+    "v0.7/results/tpu-v4-128-TF/maskrcnn": 0.87,
+    "v0.7/results/tpu-v4-512-TF/maskrcnn": 0.39,
+    "v2.0/results/cloud-tpu-v4-6912-TF/bert": 1.0,
+    "v2.0/results/cloud-tpu-v4-8192-TF/bert": 3.21,
+}
+# TF's training-block paces (ms per step) the page quotes.
+TF_BLOCK_MS = {
+    "v0.7/results/tpu-v4-16-TF/ssd": 89.38,
+    "v0.7/results/tpu-v4-128-TF/ssd": 13.73,
+    "v0.7/results/tpu-v4-512-TF/ssd": 13.89,
+    "v0.7/results/tpu-v4-16-TF/maskrcnn": 433.12,
+    "v0.7/results/tpu-v4-128-TF/maskrcnn": 92.62,
+    "v0.7/results/tpu-v4-512-TF/maskrcnn": 25.47,
+}
+
+
+@needs_logs
+def test_every_v4_ratio_and_tf_block_pace_as_quoted(points, flops_per_example):
+    v4 = [p for p in points.values() if p.run.generation == "v4"]
+    r = step_model.ratios(v4, flops_per_example, step_model.ETA["v4"])
+    assert {p.run.folder: round(x, 2) for p, x in zip(v4, r, strict=True)} == V4_RATIOS
+    assert {f: round(points[f].block_step_s * 1000, 2) for f in TF_BLOCK_MS} == TF_BLOCK_MS
+
+
+@needs_logs
+def test_v20_paces_change_about_twofold_within_a_run():
+    for cores in (6912, 8192):
+        with open(f"{ROOT}/v2.0/results/cloud-tpu-v4-{cores}-TF/bert/result_0.txt") as f:
+            gaps = measured_runs.block_device_pace(measured_runs.events(f.read()))
+        assert max(gaps) / min(gaps) > 1.9
+
+
 @needs_logs
 def test_v3_compiler_estimates_within_their_band(points):
     band = step_model.VALIDATED["v3"]

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mlperf.planning import step_model
 from mlperf.planning.reports import PUBLISHED_V07
 from mlperf.provenance import code_commit
 
@@ -393,18 +394,19 @@ def _cells(row: dict[str, Any]) -> list[str]:
     published = row["published"] or "-"
     if row.get("vs_published"):
         published += f"; est./published {row['vs_published']:.2f}"
+    if row["generation"] not in step_model.VALIDATED:  # no measured run: no number
+        timing = ["not validated (no public measured run)", "-", str(row["steps"]), "-", "-", "-"]
+    else:
+        timing = [_step_cell(row), f"{100 * row['mfu']:.0f}%", str(row["steps"])]
+        timing += [_time(row["time_to_train_s"]), f"{row['chip_hours']:.1f}"]
+        timing += [f"${row['dollars']:.0f}"]
     return head + [
         memory,
         f"{row['flops_per_chip']:.3g} ({row['flops_vs_analytic']:.2f}x analytic)",
         colls or "-",
         dcn,
         str(row["gather_scatter"]),
-        _step_cell(row),
-        f"{100 * row['mfu']:.0f}%",
-        str(row["steps"]),
-        _time(row["time_to_train_s"]),
-        f"{row['chip_hours']:.1f}",
-        f"${row['dollars']:.0f}",
+        *timing,
         published,
         f"{row['wall_s']:.0f}" if row.get("wall_s") else "-",
     ]
@@ -463,6 +465,11 @@ time of the row's command (its own process, alone on the machine).
 
 def markdown(rows: list[dict[str, Any]], header: str) -> str:
     """The page: title and column notes, `header`, then the table (one line per row)."""
-    lines = [INTRO, header, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    models = (
+        "Step model per generation ([measured bands](results/tpu-estimates-vs-measured.md)): "
+        + "; ".join(f"{g}: {step_model.validation_label(g)}" for g in GENERATIONS)
+    )
+    lines = [INTRO, header, "", models + ".", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
     return "\n".join(lines) + "\n"
