@@ -315,9 +315,10 @@ class BertForPreTraining(nnx.Module):
                 cls_BxKxD = x_BxLxD[:, :1]
         act = ACTIVATIONS[self.cfg.activation]
         h = self.mlm_norm(act(self.mlm_transform(masked_BxPxD)))
-        pooled = jnp.tanh(self.pooler(cls_BxKxD))
+        # Unpacked, the heads see [B, D] as they always did: [CLS] is the one row.
+        pooled = jnp.tanh(self.pooler(cls_BxKxD if packed else cls_BxKxD[:, 0]))
         nsp_logits = self.nsp(pooled).astype(jnp.float32)
-        return h, nsp_logits if packed else nsp_logits[:, 0]
+        return h, nsp_logits
 
     def mlm_logits(self, h: jax.Array) -> jax.Array:
         """Masked-LM logits [..., V] fp32 from the head input (tied word embeddings)."""
