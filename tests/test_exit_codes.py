@@ -5,7 +5,9 @@ its traceback."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -80,3 +82,20 @@ def test_bad_input_is_the_checks_error_types_not_every_value_error():
     assert isinstance(ConfigError("x"), bad) and isinstance(InputError("x"), bad)
     assert isinstance(FileNotFoundError("x"), bad)
     assert not isinstance(ValueError("x"), bad) and not isinstance(TypeError("x"), bad)
+
+
+def test_an_empty_training_set_is_bad_input_in_one_line(tmp_path):
+    # The tiny TFRecord config with its training files swapped for one empty file.
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(os.path.join(REPO, "tests/fixtures/bert_tfrecord/eval_tiny"), data)
+    (data / "part-00000-of-00001").write_bytes(b"")
+    argv = tiny_train_command(
+        tmp_path / "w", f"--config.data.data_dir={data}", "--config.data.train_files=('part-*',)"
+    )
+    argv[argv.index("configs/bert.py:tiny")] = "configs/bert.py:tiny_tfrecord"
+    proc = _run(argv)
+    assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("multipod: error: "), proc.stderr[-3000:]
+    assert "training TFRecord files hold no records" in lines[0]
