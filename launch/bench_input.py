@@ -3,23 +3,23 @@
     python -m launch.bench_input --fixture_dir /tmp/multipod-input [--coco_dir DIR]
         [--input_models bert,transformer,ssd,maskrcnn] [--input_generations v3,v4,v5p]
         [--timed_batches 20] [--min_seconds 5] [--grain_workers 2] [--fixture_records 256]
-        [--tpu_table docs/tpu-table.md] [--overhead_steps 50] [--json]
+        [--tpu_table docs/results/tpu-table-rows.json] [--overhead_steps 50] [--as_json]
 
 For every `mlperf_v07` config and TPU generation it prints the examples one host must
-deliver per second at the estimated step time of the TPU table (docs/tpu-table.md: the
-row's chips, mesh and "est. step"), the CPU cores that takes at the rate measured here
-per core, and that against the host's vCPUs. A host feeds the rows of its devices:
-global batch / min(hosts, data axis) examples a step (hosts = chips / 4; where the
-model axis spans hosts, each of them loads the same rows).
+deliver per second at the estimated step time of the TPU table (its rows file,
+docs/results/tpu-table-rows.json: each row's chips, mesh and estimated step), the CPU
+cores that takes at the rate measured here per core, and that against the host's vCPUs.
+A host feeds the rows of its devices: global batch / min(hosts, data axis) examples a
+step (hosts = chips / 4; where the model axis spans hosts, each of them loads the same
+rows).
 
 The per-core rate is the model's real per-host loader (launch/bench_input_data.py:
 TFRecord reads and Example parsing, packing, JPEG decode and augmentation, mask
 rasterisation, grain batching) timed over `--timed_batches` host batches (and at least
-`--min_seconds`) in this process
-(one core), and again with `--grain_workers` worker processes (their rate over the cores
-they use); the smaller of the two per-core figures is the one used. The host-side cost of
-the train loop itself (launch/bench_input_overhead.py) is printed against 5% of each
-estimated step.
+`--min_seconds`) in this process pinned to one CPU, and again with `--grain_workers`
+worker processes (their rate over the cores they use); the smaller of the two per-core
+figures is the one used. The host-side cost of the train loop itself
+(launch/bench_input_overhead.py) is printed against 5% of each estimated step.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ INPUT_GENERATIONS = flags.DEFINE_list(
     "input_generations", list(HOST_VCPUS), "TPU generations to print rows for."
 )
 TPU_TABLE = flags.DEFINE_string(
-    "tpu_table", str(ROOT / "docs" / "tpu-table.md"), "The TPU table giving chips, mesh, step."
+    "tpu_table",
+    str(ROOT / "docs" / "results" / "tpu-table-rows.json"),
+    "The TPU table's rows (chips, mesh, estimated step per model and generation).",
 )
 TIMED_BATCHES = flags.DEFINE_integer("timed_batches", 20, "Host batches timed per measurement.")
 MIN_SECONDS = flags.DEFINE_float("min_seconds", 5.0, "Seconds each measurement lasts at least.")
@@ -92,29 +94,27 @@ class PodRow:
 
 
 def read_tpu_table(path: str) -> dict[tuple[str, str], PodRow]:
-    """(model, generation) -> PodRow, from the markdown TPU table's single-slice rows."""
+    """(model, generation) -> PodRow, from the TPU table's rows file (one JSON row per
+    compile: model, generation, chips, mesh, step_s); rows without a step are left out."""
     if not os.path.isfile(path):
-        raise InputBenchError(f"--tpu_table {path!r} not found; give docs/tpu-table.md")
+        raise InputBenchError(
+            f"--tpu_table {path!r} not found; give docs/results/tpu-table-rows.json"
+        )
+    try:
+        with open(path) as f:
+            entries = json.load(f)["rows"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputBenchError(f"--tpu_table {path!r} is not a TPU table rows file ({e})") from None
     rows: dict[tuple[str, str], PodRow] = {}
-    header: list[str] = []
-    for line in Path(path).read_text().splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if not line.startswith("|") or set(cells[0]) <= {"-"}:
-            continue
-        if cells[0] == "model":
-            header = cells
-            continue
-        if not header or "est. step" not in header:
-            continue
-        cell = dict(zip(header, cells, strict=False))
-        topo = re.fullmatch(r"(\w+):[\dx]+ \((\d+)\)", cell.get("topology (chips)", ""))
-        data = re.search(r"data=(\d+)", cell.get("mesh", ""))
-        step = re.match(r"([\d.]+) ms", cell.get("est. step", ""))
-        if topo and data and step:
-            row = PodRow(cell["model"], topo[1], int(topo[2]), int(data[1]), float(step[1]))
+    for e in entries:
+        data = re.search(r"data=(\d+)", str(e.get("mesh", "")))
+        if e.get("variant") == "mlperf_v07" and data and e.get("step_s") and e.get("chips"):
+            row = PodRow(
+                e["model"], e["generation"], int(e["chips"]), int(data[1]), 1e3 * e["step_s"]
+            )
             rows[(row.model, row.generation)] = row
     if not rows:
-        raise InputBenchError(f"--tpu_table {path!r} has no rows with topology, mesh, est. step")
+        raise InputBenchError(f"--tpu_table {path!r} has no mlperf_v07 row with chips, mesh, step")
     return rows
 
 
@@ -217,7 +217,9 @@ def pod_rows(
         for gen in generations:
             pod = table.get((model, gen))
             if pod is None:
-                raise InputBenchError(f"the TPU table has no {model} row on {gen}")
+                raise InputBenchError(
+                    f"the TPU table has no {model} row on {gen} with an estimated step"
+                )
             batch = host_batch(global_batch, pod.chips, pod.data)
             needed = batch / (pod.step_ms / 1e3)
             rows.append(

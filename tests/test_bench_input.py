@@ -33,7 +33,7 @@ def measured(tmp_path_factory):
 
 
 def test_every_mlperf_config_has_a_row_per_generation_with_consistent_figures(measured):
-    table = bench_input.read_tpu_table(str(ROOT / "docs" / "tpu-table.md"))
+    table = bench_input.read_tpu_table(str(ROOT / "docs" / "results" / "tpu-table-rows.json"))
     generations = list(bench_input.HOST_VCPUS)
     assert set(mlperf_models()) == set(MODELS)
     rows = bench_input.pod_rows(measured, table, generations)
@@ -78,7 +78,7 @@ def test_bad_flag_is_a_one_line_error(tmp_path):
     with pytest.raises(bench_input.InputBenchError, match="--input_generations"):
         bench_input.check_flags(["bert"], ["v9"])
     with pytest.raises(bench_input.InputBenchError, match="--tpu_table"):
-        bench_input.read_tpu_table(str(tmp_path / "none.md"))
+        bench_input.read_tpu_table(str(tmp_path / "none.json"))
 
 
 def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
