@@ -79,6 +79,11 @@ def packing_config(data_cfg, seq_length: int, max_predictions: int) -> PackingCo
         raise InputError(f"data.packing.carry must be an integer >= 1, got {carry!r}")
     # 0: one example's slots plus one per further sequence (15% of a full row, rounded
     # up once per sequence), which is what MLPerf packing implementations use.
+    if 0 < per_row < max_predictions:
+        raise ValueError(
+            f"data.packing.max_predictions={per_row} is fewer than one example's "
+            f"{max_predictions} masked-LM predictions: raise it (or 0 for the default)"
+        )
     per_row = per_row or max_predictions + sequences - 1
     return PackingConfig(int(seq_length), int(per_row), int(sequences), int(carry))
 

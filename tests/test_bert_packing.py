@@ -220,7 +220,7 @@ def test_packed_iterator_covers_an_epoch_in_a_seeded_order_and_resumes():
 
 @pytest.mark.parametrize(
     "key, value",
-    [("max_sequences", 0), ("max_predictions", -1), ("carry", 0)],
+    [("max_sequences", 0), ("max_predictions", -1), ("max_predictions", 2), ("carry", 0)],
 )
 def test_bad_packing_config_fails_before_data(key, value):
     c = get_config("tiny")
