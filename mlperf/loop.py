@@ -163,12 +163,27 @@ class TrainLoop:
         meta = self._meta(phase_index, pr.done, key)
         try:
             with self.goodput.timing("checkpoint_save_s"):
+                self._agree_ready_to_save(s.step)
                 self.checkpointer.save(s.step, state, meta, iterator_state, evaluated)
         except CheckpointSaveError as e:
             self.save_failed(e)
             return False
         self.last_saved = self.checkpointer.step_path(s.step)
         return True
+
+    def _agree_ready_to_save(self, step: int) -> None:
+        """Several processes: raises CheckpointSaveError on every host unless every host
+        can start this save (its previous save written, room in its directory), so that a
+        full disk on one host stops all of them at the same step."""
+        if jax.process_count() == 1:
+            return  # checkpointer.save makes the same checks
+        error = None
+        try:
+            self.checkpointer.ready_to_save(step)
+        except CheckpointSaveError as e:
+            error = e
+        if not all_hosts_ok(error is None):
+            raise error or CheckpointSaveError("a checkpoint save failed on another process")
 
     def save_failed(self, error: CheckpointSaveError) -> None:
         """A failed save stops the run: one line with the path, the errno, what is kept."""

@@ -307,3 +307,42 @@ def test_a_save_failing_on_one_host_stops_every_host_at_the_same_step(tmp_path):
     assert "[Errno 28] No space left on device (ENOSPC) at step" in out[1]
     result = json.loads((workdir / "result.json").read_text())
     assert result["status"] == "aborted" and result["steps"] == int(stop[0][0]), result
+
+
+# launch.train on a host whose checkpoint directory has no room from the 3rd room check
+# on (checked before each save starts), as a full disk on that host alone would.
+NO_ROOM = """
+import errno, sys
+from absl import app
+from launch import train
+from launch.cli import parse_flags
+from mlperf.checkpoint import manager
+
+calls = []
+
+def check_room(self, step):
+    calls.append(step)
+    if len(calls) >= 3:
+        raise OSError(errno.ENOSPC, "No space left on device", self.step_path(step))
+
+manager.Checkpointer._check_room = check_room
+sys.argv = ["launch.train", *sys.argv[1:]]
+app.run(train.main, flags_parser=parse_flags)
+"""
+
+
+@pytest.mark.slow
+def test_no_room_for_a_save_on_one_host_stops_every_host_at_the_same_step(tmp_path):
+    port = free_port()
+    workdir = tmp_path / "w"
+    argv = tiny_train_command(workdir, *LONG_RUN, "--config.checkpoint.every_steps=1")
+    failing = [argv[0], "-c", NO_ROOM, *argv[3:]]  # `-m launch.train` -> the script
+    procs = [_host(tmp_path, 0, port, argv), _host(tmp_path, 1, port, failing)]
+    codes = _finish(procs, timeout=300)
+    out = [_output(tmp_path, i) for i in range(2)]
+    assert codes == [1, 1], [o[-2000:] for o in out]
+    assert "Traceback" not in out[0] + out[1]
+    stop = [re.findall(r"failed.* at step (\d+): stopping", o) for o in out]
+    assert stop[0] and stop[0] == stop[1], stop  # both stopped at the same step
+    assert "a checkpoint save failed on another process at step" in out[0]
+    assert "No space left on device" in out[1]

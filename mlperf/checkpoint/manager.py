@@ -269,6 +269,17 @@ class Checkpointer:
                 force=True,
             )
 
+    def ready_to_save(self, step: int) -> None:
+        """Waits for the save in flight, then checks the directory has room for `step`'s
+        checkpoint; raises CheckpointSaveError if not. Several processes each call it and
+        agree before `save` (TrainLoop), so every host stops at the same step when one
+        cannot save."""
+        self.wait()
+        if self.failed is not None:
+            raise CheckpointSaveError(self.failed)
+        with self._failures(self.step_path(step)):
+            self._check_room(step)
+
     def _check_room(self, step: int) -> None:
         """Raises OSError (with errno) unless the directory takes a file and has room for
         a checkpoint as large as the newest one. Checked before orbax starts: it creates
@@ -296,8 +307,9 @@ class Checkpointer:
             )
 
     @contextlib.contextmanager
-    def _failures(self):
-        """Turns any error of a save in flight into CheckpointSaveError (one line)."""
+    def _failures(self, path: str | None = None):
+        """Turns any error of a save in flight (or of the checks before writing `path`)
+        into CheckpointSaveError (one line)."""
         try:
             yield
         except CheckpointSaveError:
@@ -305,7 +317,8 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
             step = self._unlisted
             self._unlisted = None
-            path = self.step_path(step) if step is not None else self.cfg.directory
+            if path is None:
+                path = self.step_path(step) if step is not None else self.cfg.directory
             self.failed = save_failure(e, path)
             raise CheckpointSaveError(self.failed) from e
 
