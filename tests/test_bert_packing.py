@@ -228,3 +228,18 @@ def test_bad_packing_config_fails_before_data(key, value):
     c.data.packing[key] = value
     with pytest.raises(ValueError, match="data.packing"):
         BertTask(c).prepare(0, 1)
+
+
+def test_packs_the_reference_tfrecords():
+    from input_pipeline.bert_data import build_bert_data
+
+    c = get_config("tiny_tfrecord")
+    c.data.packing.enabled = True
+    data = build_bert_data(c.data, 32, 5, 0, 1)
+    cfg = bert_packing.packing_config(c.data, 32, 5)
+    batch = next(data.packed_train_iterator(8, cfg, seed=0))
+    assert batch["input_ids"].shape == (8, 32) and batch["cls_positions"].shape == (8, 3)
+    examples = [data.train_source[i] for i in range(len(data.train_source))]
+    unpacked = bert_packing.padding_fraction(examples, 32)
+    assert batch["next_sentence_weights"].sum() > 8  # more sequences than rows
+    assert 1.0 - batch["input_mask"].mean() < unpacked
