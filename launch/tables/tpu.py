@@ -309,6 +309,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         dcn_bandwidth=dcn_bw,
         dcn_wire_bytes=train.get("dcn_wire_bytes", 0.0 if spec.slices > 1 else None),
     )
+    step = step_model.planned_step(step, spec.generation)  # the planner's model
     steps = steps_to_target(config)
     seconds = steps * step.total_s
     published = PUBLISHED.get(spec.model, {}).get("step_ms")
