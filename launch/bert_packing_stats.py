@@ -16,14 +16,13 @@ import json
 
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
 from input_pipeline import bert_packing
 from input_pipeline.bert_data import build_bert_data
 from launch.cli import usage_error
+from launch.config_flag import CONFIG
 from mlperf.validate import ConfigError, check_data_dir
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "A BERT config.")
 _HOST_BATCH = flags.DEFINE_integer("host_batch", 32, "Packed rows per batch.")
 
 
@@ -64,7 +63,7 @@ def packing_stats(config, host_batch: int) -> dict:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         usage_error(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    config = CONFIG.value
     if config is None or config.benchmark != "bert":
         usage_error("give a BERT config, e.g. --config configs/bert.py:wikitext")
     try:

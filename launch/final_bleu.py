@@ -12,11 +12,9 @@ W/result.json (mlperf/transformer/final_bleu.py).
 from __future__ import annotations
 
 from absl import app, flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "The run's config, e.g. configs/transformer.py:multi30k."
-)
+from launch.config_flag import CONFIG
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "The finished run's work directory.")
 _SETS = flags.DEFINE_string("sets", "", "Comma-separated names of eval.final_sets ('' = all).")
 
@@ -31,7 +29,7 @@ def main(argv: list[str]) -> None:
     from mlperf.transformer.final_bleu import evaluate_sets, record
     from mlperf.validate import ConfigError, check_data_dir
 
-    config, workdir = _CONFIG.value, _WORKDIR.value
+    config, workdir = CONFIG.value, _WORKDIR.value
     if config is None or not workdir:
         raise app.UsageError("--config and --workdir are required.")
     try:

@@ -27,7 +27,6 @@ import sys
 import traceback
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from launch.cli import (
     EXIT_BAD_INPUT,
@@ -40,6 +39,7 @@ from launch.cli import (
     parse_flags,
     relax_cpu_collective_timeouts,
 )
+from launch.config_flag import CONFIG
 from launch.distributed import DistributedSetupError, PeerLostError, init_distributed
 from launch.slurm import SlurmError, in_slurm_task, resolve
 
@@ -49,9 +49,6 @@ PREEMPTED_EXIT_CODE = EXIT_PREEMPTED
 # 128 + the signal, as if it had ended the process (the checkpoint is written first).
 PREEMPTED_EXIT_CODES = {"SIGTERM": 143, "SIGINT": 130}
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True
-)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Where the MLPerf log, result.json and metrics go.", required=True
 )
@@ -227,8 +224,10 @@ def main(argv: list[str]) -> None:
         configure_checkpointing()  # process-wide orbax settings, once, after distributed
         cache = _COMPILATION_CACHE.value
         compilation_cache.enable(compilation_cache.default_directory() if cache is None else cache)
+        config = CONFIG.value
+        config.lock()  # no key may be added to the run's config after it is read
         result = run(
-            _CONFIG.value,
+            config,
             _WORKDIR.value,
             profile_steps=_PROFILE_STEPS.value,
             allow_config_change=_ALLOW_CONFIG_CHANGE.value,

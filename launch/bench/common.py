@@ -11,15 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from launch.cli import keep_host_memory, parse_flags, relax_cpu_collective_timeouts
+from launch.config_flag import CONFIG  # noqa: F401 (re-exported)
 
 relax_cpu_collective_timeouts()  # before jax starts its backend
 
-CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=False
-)
 MESH = flags.DEFINE_string("mesh", "", "Mesh override, e.g. data=8,model=1.")
 STEPS = flags.DEFINE_integer("steps", 20, "Timed train steps per repeat (step, variants).")
 REPEATS = flags.DEFINE_integer("repeats", 3, "Repeats; the median is reported.")
