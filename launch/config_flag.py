@@ -2,7 +2,7 @@
 
 absl refuses a flag name that two imported modules define, and a test process (or a
 program) may import several tools: `launch.train`, the `launch.bench` wing,
-`launch.final_bleu`, `launch.bert_packing_stats`. A tool that must not change the
+`launch.final_bleu`, `launch.bench.packing_stats`. A tool that must not change the
 config's keys locks it after reading (`launch.train` does)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m launch.bench_input`: per-host input rates against pod pace (tiny sizes)."""
+"""`python -m launch.bench.input`: per-host input rates against pod pace (tiny sizes)."""
 
 import importlib
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import bench_input
-from launch.bench_input_data import MODELS, write_fixtures
+from launch.bench import input as bench_input
+from launch.bench.input_data import MODELS, write_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_bad_flag_is_a_one_line_error(tmp_path):
         ["--timed_batches", "many"],
     ):
         proc = subprocess.run(
-            [sys.executable, "-m", "launch.bench_input", *args],
+            [sys.executable, "-m", "launch.bench.input", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -82,7 +82,7 @@ def test_bad_flag_is_a_one_line_error(tmp_path):
 
 
 def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
-    from launch.bench_input_overhead import BUDGET, measure_overhead
+    from launch.bench.input_overhead import BUDGET, measure_overhead
 
     o = measure_overhead("bert", 8, 2, {"v3": 0.04385, "v5p": 0.02428})
     assert o.host_batch == 8 and o.state_leaves > 1 and o.batch_bytes > 0

@@ -14,6 +14,8 @@
     mllog_pace        host dispatch pace against device pace in MLPerf result logs
     maskrcnn_split_eval  a Mask R-CNN checkpoint's mAP on the eval and the training split
     anchor_coverage   how well Mask R-CNN's anchors cover a config's ground-truth boxes
+    input             each mlperf_v07 config's per-host input rate against pod pace
+    packing_stats     padding of a BERT config's training rows, unpacked and packed
 
 Flags that several tools take are defined once, in `launch.bench.common`. Nothing in a
 run imports this package.

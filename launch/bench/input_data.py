@@ -1,4 +1,4 @@
-"""Inputs for `python -m launch.bench_input`: small files in the real formats, and each
+"""Inputs for `python -m launch.bench.input`: small files in the real formats, and each
 `mlperf_v07` config's per-host training loader over them, built as the task builds it.
 
 No MLPerf data set is needed: the BERT and Transformer files are TFRecords of

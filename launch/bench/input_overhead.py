@@ -1,4 +1,4 @@
-"""The train loop's host-side cost per step, for `python -m launch.bench_input`.
+"""The train loop's host-side cost per step, for `python -m launch.bench.input`.
 
 What `mlperf/loop.py` does on the host each step besides making the input: assemble the
 host batch into global arrays (`Partitioner.host_to_global`: the host-to-device copy),
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from launch.bench_input_data import mlperf_config
+from launch.bench.input_data import mlperf_config
 
 BUDGET = 0.05  # the goal: host overhead under 5% of the estimated step
 _METRICS = ("loss", "mlm_loss", "accuracy", "grad_norm", "learning_rate")

@@ -1,7 +1,7 @@
 """How much of a BERT config's training rows is padding, unpacked and packed
 (input_pipeline/bert_packing.py): one JSON line.
 
-    python -m launch.bert_packing_stats --config configs/bert.py:wikitext \\
+    python -m launch.bench.packing_stats --config configs/bert.py:wikitext \\
         --config.data.data_dir=DIR [--host_batch 32]
 
 Unpacked, each example fills its own `seq_length` row. Packed, the examples of one

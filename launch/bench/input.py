@@ -1,6 +1,6 @@
-"""`python -m launch.bench_input`: does each host's input pipeline keep up at pod pace?
+"""`python -m launch.bench.input`: does each host's input pipeline keep up at pod pace?
 
-    python -m launch.bench_input --fixture_dir /tmp/multipod-input [--coco_dir DIR]
+    python -m launch.bench.input --fixture_dir /tmp/multipod-input [--coco_dir DIR]
         [--input_models bert,transformer,ssd,maskrcnn] [--input_generations v3,v4,v5p]
         [--timed_batches 20] [--min_seconds 5] [--grain_workers 2] [--fixture_records 256]
         [--tpu_table docs/results/tpu-table-rows.json] [--overhead_steps 50] [--as_json]
@@ -13,13 +13,13 @@ A host feeds the rows of its devices: global batch / min(hosts, data axis) examp
 step (hosts = chips / 4; where the model axis spans hosts, each of them loads the same
 rows).
 
-The per-core rate is the model's real per-host loader (launch/bench_input_data.py:
+The per-core rate is the model's real per-host loader (launch/bench/input_data.py:
 TFRecord reads and Example parsing, packing, JPEG decode and augmentation, mask
 rasterisation, grain batching) timed over `--timed_batches` host batches (and at least
 `--min_seconds`) in this process pinned to one CPU, and again with `--grain_workers`
 worker processes (their rate over the cores they use); the smaller of the two per-core
 figures is the one used. The host-side cost of the train loop itself
-(launch/bench_input_overhead.py) is printed against 5% of each estimated step.
+(launch/bench/input_overhead.py) is printed against 5% of each estimated step.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from pathlib import Path
 from absl import app, flags
 
 from input_pipeline.input_errors import InputError
-from launch.bench_input_data import MODELS, mlperf_config, train_iterator, write_fixtures
+from launch.bench.input_data import MODELS, mlperf_config, train_iterator, write_fixtures
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A TPU VM host's vCPUs. v5p: the Cloud TPU v5p page's VM, host and slice properties (208,
 # half of them within one NUMA node). v4 240 and v3 96: the TPU VM shapes as usually
 # quoted, not checked here against a Google page. Each host has 4 chips.
@@ -280,7 +280,7 @@ def markdown(measured: list[Measured], rows: list[Row], overhead: list) -> str:
 
 def overhead_markdown(overhead: list) -> list[str]:
     """The host-overhead table: measured per-step host time against 5% of each step."""
-    from launch.bench_input_overhead import BUDGET
+    from launch.bench.input_overhead import BUDGET
 
     out = [
         "| model | host batch (bytes) | state leaves | dispatch | host-to-device | logging / step "
@@ -338,7 +338,7 @@ def run(argv: list[str]) -> None:
     rows = pod_rows(measured, table, generations)
     overhead = []
     if OVERHEAD_STEPS.value:
-        from launch.bench_input_overhead import measure_overhead
+        from launch.bench.input_overhead import measure_overhead
 
         for model in models:
             steps = {g: table[(model, g)].step_ms / 1e3 for g in generations}
