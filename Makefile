@@ -37,17 +37,14 @@ test: $(TEST_STAMP)
 	  MULTIPOD_TEST_CACHE=$$cache $(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup \
 	    --durations=15 -m "not slow" tests; rc=$$?; rm -rf $$cache; exit $$rc
 
-# Multi-client runs and their failures (a missing or dead peer, the preflight gate),
-# checkpoint/resume/preemption (SIGKILL at a random step resumed bit-exactly; SIGTERM on every
-# process of a 2x4 run; refused config changes, failed saves), BERT end-to-end + compliance,
-# the BERT-large compiles for v3:64x64 and v4:16x16x16, a 100B BERT for v5p:16x16x16, BERT
-# from a pretrained checkpoint and Mask R-CNN from an ImageNet backbone, whole runs with the
-# work directory in a bucket on a real GCS-protocol server (CI runs these).
-SYSTEM_TESTS := tests/test_multiprocess.py tests/test_multihost_failures.py tests/test_checkpoint.py \
-	tests/test_resume_safety_runs.py tests/test_end_to_end.py tests/test_checkpoint_import.py \
-	tests/test_backbone_finetune.py tests/test_compilation_cache.py tests/test_bench_startup.py \
-	tests/test_process_sync.py tests/test_bucket_runs.py tests/test_supervise_runs.py
-AOT_SYSTEM_TESTS := tests/test_aot_multipod.py
+# Tests live in folders by kind: tests/unit (the code's parts), tests/tools (benchmarks,
+# planners, table writers, the docs checks), tests/system (multi-client runs and their
+# failures, checkpoint/resume/preemption, whole runs with the work directory in a bucket,
+# supervised restarts), tests/aot (full-size TPU compiles), tests/quality (tiny runs to their
+# targets as tests; CI runs them as `make quality`). `make test` runs every test not marked
+# slow, in every folder.
+SYSTEM_TESTS := tests/system
+AOT_SYSTEM_TESTS := tests/aot
 # Two lanes side by side: the system tests in one pytest process, and the full-size TPU
 # compiles one at a time, each in a pytest process of its own, so a compile's host memory
 # goes with its process: BERT-large's full-size compiles peak at 10.6-11.4 GB resident each,
@@ -59,24 +56,18 @@ test-system: $(TEST_STAMP)
 	  for id in $$ids; do $(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider -m slow "$$id" || fail=1; done; \
 	  wait $$lane || fail=1; exit $$fail'
 
-# The other slow tests CI runs (rows of docs/parallelism.md's techniques table and claims of
-# docs/): spatial-partitioning equivalences (SSD 1x8 / 2x4, Mask R-CNN 2x4), the SSD and
-# Transformer evals on 2 processes x 4 devices, the real planner ranking and its compile-heavy
-# checks (out-of-HBM extrapolation, the compiler's estimate against the overlapped bound), the
-# TPU table's tiny rows, v5e's chained collectives on v6e, the Transformer tiny run's MLPerf log
-# through the compliance checker, and every model's predict and export from a tiny checkpoint.
-CI_SLOW_TESTS := tests/test_ssd_spatial.py tests/test_maskrcnn_model.py tests/test_ssd_eval.py \
-	tests/test_plan.py tests/test_transformer_e2e.py tests/test_tpu_table.py \
-	tests/test_tpu_generations.py tests/test_predict_transformer.py tests/test_predict_bert.py \
-	tests/test_predict_ssd.py tests/test_predict_maskrcnn.py
+# The other slow tests CI runs: those marked slow in tests/unit and tests/tools (e.g. the
+# spatial-partitioning equivalences, 2-process evals, the planner's compiles, every model's
+# predict and export from a tiny checkpoint).
+CI_SLOW_TESTS := tests/unit tests/tools
 test-ci-slow: $(TEST_STAMP)
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow $(CI_SLOW_TESTS)
 
-# Every slow test: test-system's two lanes, then the rest (test-ci-slow's and every model's
-# tiny run to its target as a test, which CI runs as `make quality`) on two workers.
+# Every slow test: test-system's two lanes, then test-ci-slow's and tests/quality's on two
+# workers.
 test-slow: test-system
 	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow \
-	  $(foreach f,$(SYSTEM_TESTS) $(AOT_SYSTEM_TESTS),--ignore=$(f)) tests
+	  $(CI_SLOW_TESTS) tests/quality
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

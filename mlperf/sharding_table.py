@@ -4,7 +4,7 @@ For each benchmark on its tiny mesh (8 devices) and on its MLPerf v0.7 slice, th
 gives every parameter's shape, its PartitionSpec and the PartitionSpec of its weight-update
 view (gradient shard, optimizer state). It is read off the trainer's abstract state
 layout: nothing is compiled, allocated or read. The files live in tests/golden/sharding/
-(`python -m launch.sharding_golden` writes them; tests/test_sharding_golden.py compares):
+(`python -m launch.sharding_golden` writes them; tests/unit/test_sharding_golden.py compares):
 a change there is a change of a model's parallelism layout, to be reviewed as such.
 """
 

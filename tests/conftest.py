@@ -15,7 +15,7 @@ if "xla_force_host_platform_device_count" not in _flags:
 # `make test` names one fresh persistent compilation cache for the whole run
 # (MULTIPOD_TEST_CACHE): the many tests that compile the same small programs, in either
 # xdist worker or in a training subprocess, compile each once. Without it the tests'
-# training subprocesses compile afresh (tests/test_compilation_cache.py turns the cache on
+# training subprocesses compile afresh (tests/system/test_compilation_cache.py turns the cache on
 # explicitly). The user's own cache is never touched.
 TEST_CACHE = os.environ.get("MULTIPOD_TEST_CACHE", "")
 if TEST_CACHE:

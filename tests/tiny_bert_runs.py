@@ -1,5 +1,5 @@
-"""The tiny BERT run the whole-run checkpoint tests share (tests/test_checkpoint.py,
-tests/test_resume_safety_runs.py): 12 steps of a 1-layer model, a checkpoint every 2
+"""The tiny BERT run the whole-run checkpoint tests share (tests/system/test_checkpoint.py,
+tests/system/test_resume_safety_runs.py): 12 steps of a 1-layer model, a checkpoint every 2
 steps, all kept, a target it never reaches (every run trains all its steps)."""
 
 from __future__ import annotations

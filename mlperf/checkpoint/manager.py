@@ -247,7 +247,7 @@ class Checkpointer:
         # No private copy of the state is needed on CPU, where orbax's host copy of an array
         # is a zero-copy view of its device buffer: while such a view exists JAX does not
         # donate the buffer to the next train step (it copies instead), so the files hold
-        # the state at save time (tests/test_checkpoint_async.py checks this).
+        # the state at save time (tests/unit/test_checkpoint_async.py checks this).
         if self.codec is not None:
             state = self.codec.encode(state)
         meta = {**meta, "shapes": leaf_shapes(state), "process_count": jax.process_count()}

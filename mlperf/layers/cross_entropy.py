@@ -7,7 +7,8 @@ again. Here the backward pass is written out: the gradient of the (smoothed) los
 storing the probabilities. The label is found by comparing an iota against it, so neither
 pass has a gather or a scatter and a vocabulary sharded over devices needs no special case.
 On a 2-core CPU the loss and gradient of [640, 30,522] fp32 logits run 2.4x faster than the
-autodiff form (`python -m launch.bench.cross_entropy`; docs/performance.md, "Softmax cross-entropy").
+autodiff form (`python -m launch.bench.cross_entropy`; docs/performance.md, "Softmax
+cross-entropy").
 """
 
 from __future__ import annotations

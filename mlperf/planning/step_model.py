@@ -36,7 +36,7 @@ from parallel.hardware import CHIPS
 PARAMS = {"bert": 335e6, "transformer": 210e6, "ssd": 20e6, "maskrcnn": 44e6}
 
 # The compute efficiency of `roofline-eta`, calibrated once per generation (see
-# `calibrate`; tests/test_step_model.py re-derives it from the logs).
+# `calibrate`; tests/tools/test_step_model.py re-derives it from the logs).
 ETA = {"v4": 0.50}
 
 # libtpu's compiler estimate of the full-size v3 rows (docs/tpu-table.md, ms per step):
@@ -60,7 +60,7 @@ class Validation:
         )
 
 
-# The bands tests/test_step_model.py re-derives from Google's logs (v3: the three v0.7
+# The bands tests/tools/test_step_model.py re-derives from Google's logs (v3: the three v0.7
 # JAX runs; v4: the twelve v0.7 TF runs, the packed v2.0 BERT runs being another program).
 VALIDATED = {
     "v3": Validation("libtpu compiler estimate", 0.72, 0.96, 3),

@@ -337,7 +337,7 @@ print("RESULT", len(calls), len(bert_tfds.data_sources(builder)["train"]))
 def test_two_processes_build_one_dataset_once(tmp_path):
     corpus = _write_corpus(tmp_path / "c.txt", num_docs=100, seed=0)
     vocab = tokenizer.train_wordpiece([corpus], 150, str(tmp_path / "vocab.txt"))
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     cmd = [sys.executable, "-c", _BUILD_SCRIPT, corpus, vocab, str(tmp_path / "tfds")]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root}
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]

@@ -15,7 +15,7 @@ import pytest
 
 from launch import tpu
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TPU_VM = ["gcloud", "compute", "tpus", "tpu-vm"]
 QUEUED = ["gcloud", "compute", "tpus", "queued-resources"]
 TRAIN = [

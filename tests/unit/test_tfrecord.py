@@ -14,7 +14,9 @@ import pytest
 from input_pipeline import bert_tfrecord, grain_pipeline, tf_example, tfrecord
 from input_pipeline.bert_data import build_bert_data
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "bert_tfrecord")
+FIXTURES = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "bert_tfrecord"
+)
 SHARDS = [f"part-{i:05d}-of-00004" for i in range(4)]
 FEATURES = (
     "input_ids input_mask segment_ids masked_lm_positions masked_lm_ids masked_lm_weights "

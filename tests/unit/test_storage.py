@@ -102,7 +102,9 @@ def test_a_tf1_bert_checkpoint_in_a_bucket_reads_as_the_local_one(gcs, tmp_path,
     from mlperf.bert.checkpoint_import import open_source
 
     monkeypatch.setenv("MULTIPOD_STORAGE_CACHE", str(tmp_path / "cache"))
-    local = os.path.join(os.path.dirname(__file__), "fixtures", "bert_checkpoints", "tf1")
+    local = os.path.join(
+        os.path.dirname(os.path.dirname(__file__)), "fixtures", "bert_checkpoints", "tf1"
+    )
     _upload_folder(local, "gs://multipod-test/bert/tf1")
     ours = open_source("gs://multipod-test/bert/tf1/model.ckpt-5")
     theirs = open_source(os.path.join(local, "model.ckpt-5"))
@@ -121,7 +123,7 @@ def test_a_backbone_in_a_bucket_is_checked_and_read_like_a_local_file(gcs, tmp_p
     from mlperf.layers.resnet_import import check_backbone_checkpoint
 
     monkeypatch.setenv("MULTIPOD_STORAGE_CACHE", str(tmp_path / "cache"))
-    folder = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision")
+    folder = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "torchvision")
     name = sorted(n for n in os.listdir(folder) if n.endswith(".pth"))[0]
     url = f"gs://multipod-test/backbones/{name}"
     storage.upload(os.path.join(folder, name), url)

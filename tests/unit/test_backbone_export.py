@@ -16,7 +16,7 @@ from mlperf.layers.resnet import resnet34, resnet50
 from mlperf.layers.resnet_export import resnet_to_torchvision
 from mlperf.layers.resnet_import import load_torchvision_resnet
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "torchvision")
 FILES = {34: "resnet34_w4.pth", 50: "resnet50_w4.pth"}  # torchvision ResNets of width 4
 CONFIGS = {34: resnet34(width=4), 50: resnet50(width=4)}
 SSD = resnet34(width=4, num_stages=3, stage_strides=(1, 2, 1))  # SSD's: C4, layer3 stride 1

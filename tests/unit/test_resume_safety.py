@@ -3,7 +3,7 @@ last good and the newest evaluated checkpoint, loss spikes, failed saves as one 
 free space a resume needs, Ctrl-C, progress after a resume, the goodput ledger.
 
 The whole-run versions of these (a real run interrupted, resumed, filled up) are in
-tests/test_resume_safety_runs.py (slow).
+tests/system/test_resume_safety_runs.py (slow).
 """
 
 from __future__ import annotations

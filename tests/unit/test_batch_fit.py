@@ -8,6 +8,7 @@ import pytest
 from configs.bert import get_config as bert_config
 from configs.maskrcnn import get_config as maskrcnn_config
 from configs.transformer import get_config as transformer_config
+from launch.tables.tpu import row_spec
 from mlperf.batch_fit import (
     fit_text,
     mesh_proposals,
@@ -18,7 +19,6 @@ from mlperf.batch_fit import (
     use_slices,
 )
 from mlperf.inspection import inspect_config
-from launch.tables.tpu import row_spec
 from mlperf.validate import ConfigError
 
 

@@ -8,7 +8,7 @@ still a dependency), those under `if TYPE_CHECKING:` too: a circle of type-only 
 still ties the modules together (neither reads without the other) and becomes a real
 one the day the type is used at run time.
 
-    python tests/test_import_graph.py   # prints the circles and upward imports, if any
+    python tests/unit/test_import_graph.py   # prints the circles and upward imports, if any
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import ast
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAYERS = ("configs", "parallel", "input_pipeline", "mlperf", "launch")
 # Upward imports allowed (none: every library lives below launch/).
 KNOWN_UPWARD: set[str] = set()

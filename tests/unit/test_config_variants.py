@@ -13,7 +13,9 @@ import pytest
 
 from mlperf.validate import validate
 
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+CONFIGS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
+)
 # The multi-thousand-chip variants validate on 1,024 devices (512 TPU-v3 chips), as
 # `launch.plan` and the AOT tests use them; every other variant on the 8 test devices.
 LARGE_VARIANTS = {"mlperf_v07", "10b", "100b", "1t"}

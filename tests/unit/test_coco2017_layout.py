@@ -18,7 +18,7 @@ from configs import ssd as ssd_configs
 from mlperf.maskrcnn.task import MaskRcnnTask
 from mlperf.ssd.task import SsdTask
 
-COCO = os.path.join(os.path.dirname(__file__), "fixtures", "coco2017")
+COCO = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "coco2017")
 VAL_JSON = os.path.join(COCO, "annotations", "instances_val2017.json")
 
 

@@ -13,7 +13,9 @@ from configs.maskrcnn import get_config
 from mlperf.checkpoint.torch_file import TorchFileError
 from mlperf.trainer import build_trainer
 
-R50 = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision", "resnet50_w4.pth")
+R50 = os.path.join(
+    os.path.dirname(os.path.dirname(__file__)), "fixtures", "torchvision", "resnet50_w4.pth"
+)
 
 pytestmark = pytest.mark.xdist_group("maskrcnn_model")
 

@@ -20,7 +20,7 @@ from mlperf.checkpoint.torch_file import TorchFileError, load_state_dict
 from mlperf.layers.resnet import ResNet, resnet34, resnet50
 from mlperf.layers.resnet_import import load_torchvision_resnet
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "torchvision")
 R34 = os.path.join(FIXTURES, "resnet34_w4.pth")  # legacy (pre-zip) torch.save format
 R50 = os.path.join(FIXTURES, "resnet50_w4.pth")  # zip format
 WIDTH = 4

@@ -1,6 +1,6 @@
 """`launch.local --supervise` with a stand-in job (no training): preempted twice, then
 done; bad input is not retried; the restarts are in WORKDIR/supervisor.json. The real
-runs, SIGKILLed, are in tests/test_supervise_runs.py."""
+runs, SIGKILLed, are in tests/system/test_supervise_runs.py."""
 
 from __future__ import annotations
 

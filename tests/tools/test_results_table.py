@@ -18,7 +18,7 @@ from launch.tables.results import (
     replace_between_markers,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _result(benchmark, variant, reached, metric, value, **extra):

@@ -1,7 +1,7 @@
 """launch/slurm.py: a run's coordinates from synthetic SLURM environments (2 nodes x 8
 GPUs, one task per node and one task per GPU), partial or inconsistent environments as one
 line naming the variable, and the sbatch template with a stand-in `srun`. The real
-2-process run started with SLURM variables is in tests/test_supervise_runs.py."""
+2-process run started with SLURM variables is in tests/system/test_supervise_runs.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """End-to-end runs through mlperf.train.run: two-phase pretraining switches sequence length
-mid-run. (bert:tiny to its target with a compliant log: tests/test_bucket_runs.py.)"""
+mid-run. (bert:tiny to its target with a compliant log: tests/system/test_bucket_runs.py.)"""
 
 from __future__ import annotations
 
