@@ -11,7 +11,7 @@ import pytest
 from launch.bench import input as bench_input
 from launch.bench.input_data import MODELS, write_fixtures
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (tests/<kind>/this file)
 
 
 def mlperf_models() -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from launch.tables import tpu_page
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the repository (tests/<kind>/this file)
 
 
 @pytest.fixture(scope="module")
