@@ -147,7 +147,8 @@ def eval_worker(out_path: str, cache: str) -> None:
 
 def _run(out, cache, processes: int, devices: int) -> dict:
     worker = [sys.executable, os.path.abspath(__file__), str(out), str(cache)]
-    env = cpu_env(devices) | {"PYTHONPATH": REPO}
+    # The worker imports conftest from tests/, one folder above this file's.
+    env = cpu_env(devices) | {"PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "tests")])}
     proc = subprocess.run(
         on_processes(worker, processes, devices),
         cwd=REPO,
