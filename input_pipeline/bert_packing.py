@@ -14,7 +14,8 @@ examples are read in the order of `grain_pipeline.GlobalOrderHostRows` (a fresh 
 permutation every epoch) and placed first-fit (`packing.first_fit`) into the rows of the
 batch being built. An example that fits in no row waits for the next batch; a batch is
 done when `carry` examples wait. So the traversal order is as random as the unpacked
-one's, and differs with the seed, as the MLPerf training rules ask of packing.
+one's and differs with the random seed, as the MLPerf training rules require of
+packing.
 """
 
 from __future__ import annotations
