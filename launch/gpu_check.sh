@@ -3,7 +3,7 @@
 # BERT-large and Transformer-big on synthetic batches, then the tiny BERT and Transformer
 # runs to their targets. Each part has its own time limit; a failed part does not stop the
 # others. Results go to $OUT (default /tmp/multipod-gpu-check) as seven files at most, none
-# in a subfolder, so that a machine lent for a few minutes hands all of them back:
+# in a subfolder, so that a short run on a GPU machine returns all of them:
 # bench.jsonl (one JSON row per step measurement), results.jsonl (each tiny run's
 # result.json), log (everything printed), mllogs.tgz (each tiny run's MLPerf log),
 # xla_transformer.tgz (the 2-layer Transformer-big programs, as JAX hands them over and as
