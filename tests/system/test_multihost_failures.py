@@ -289,12 +289,12 @@ app.run(train.main, flags_parser=parse_flags)
 """
 
 
-@pytest.mark.slow
-def test_a_save_failing_on_one_host_stops_every_host_at_the_same_step(tmp_path):
+def _one_host_fails_its_saves(tmp_path, script: str) -> tuple[list[str], list[list[str]]]:
+    """Two hosts save every step; host 1 runs `script` (launch.train with a failing save).
+    Both must abort at one step: exit 1, no traceback. Returns (outputs, stop steps)."""
     port = free_port()
-    workdir = tmp_path / "w"
-    argv = tiny_train_command(workdir, *LONG_RUN, "--config.checkpoint.every_steps=1")
-    failing = [argv[0], "-c", FAILING_SAVES, *argv[3:]]  # `-m launch.train` -> the script
+    argv = tiny_train_command(tmp_path / "w", *LONG_RUN, "--config.checkpoint.every_steps=1")
+    failing = [argv[0], "-c", script, *argv[3:]]  # `-m launch.train` -> the script
     procs = [_host(tmp_path, 0, port, argv), _host(tmp_path, 1, port, failing)]
     codes = _finish(procs, timeout=300)
     out = [_output(tmp_path, i) for i in range(2)]
@@ -304,6 +304,13 @@ def test_a_save_failing_on_one_host_stops_every_host_at_the_same_step(tmp_path):
     stop = [re.findall(r"failed.* at step (\d+): stopping", o) for o in out]
     assert stop[0] and stop[0] == stop[1], stop  # both stopped at the same step
     assert "a checkpoint save failed on another process at step" in out[0]
+    return out, stop
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_one_host_stops_every_host_at_the_same_step(tmp_path):
+    out, stop = _one_host_fails_its_saves(tmp_path, FAILING_SAVES)
+    workdir = tmp_path / "w"
     assert "[Errno 28] No space left on device (ENOSPC) at step" in out[1]
     result = json.loads((workdir / "result.json").read_text())
     assert result["status"] == "aborted" and result["steps"] == int(stop[0][0]), result
@@ -333,16 +340,5 @@ app.run(train.main, flags_parser=parse_flags)
 
 @pytest.mark.slow
 def test_no_room_for_a_save_on_one_host_stops_every_host_at_the_same_step(tmp_path):
-    port = free_port()
-    workdir = tmp_path / "w"
-    argv = tiny_train_command(workdir, *LONG_RUN, "--config.checkpoint.every_steps=1")
-    failing = [argv[0], "-c", NO_ROOM, *argv[3:]]  # `-m launch.train` -> the script
-    procs = [_host(tmp_path, 0, port, argv), _host(tmp_path, 1, port, failing)]
-    codes = _finish(procs, timeout=300)
-    out = [_output(tmp_path, i) for i in range(2)]
-    assert codes == [1, 1], [o[-2000:] for o in out]
-    assert "Traceback" not in out[0] + out[1]
-    stop = [re.findall(r"failed.* at step (\d+): stopping", o) for o in out]
-    assert stop[0] and stop[0] == stop[1], stop  # both stopped at the same step
-    assert "a checkpoint save failed on another process at step" in out[0]
+    out, stop = _one_host_fails_its_saves(tmp_path, NO_ROOM)
     assert "No space left on device" in out[1]
