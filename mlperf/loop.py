@@ -139,7 +139,7 @@ class TrainLoop:
         s = self.s
         s.phase, s.phase_step = phase_index, done
         s.elapsed_s = self.elapsed_before + time.perf_counter() - self.start
-        s.model_flops = self.log.progress.model_flops_at(s.samples)
+        s.model_flops = self.log.progress.model_flops
         s.mllog_bytes, s.metrics_bytes = self.log.sizes()
         s.rng_key = np.asarray(jax.random.key_data(key).addressable_data(0)).tolist()
         return s.to_meta()
@@ -363,8 +363,8 @@ class TrainLoop:
             self._open_block()
         metrics = None
         for phase_index, pr in enumerate(phase_runs):
-            # Analytic FLOPs of this phase's examples, for MFU (BERT phase 2 is longer).
-            self.log.progress.flops_per_example = self.task.flops_per_example(pr.phase)
+            # Analytic FLOPs of this phase's batch rows, for MFU (BERT phase 2 is longer).
+            self.log.progress.flops_per_row = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
                 step_samples = self.task.step_samples(pr.pending, pr.phase)
                 batch = self.trainer.partitioner.host_to_global(pr.pending, pr.layout)
@@ -374,6 +374,7 @@ class TrainLoop:
                 self.s.step += 1
                 pr.done += 1
                 self.s.samples += step_samples
+                self.log.progress.step_done(pr.phase.global_batch_size)
                 at = self._step_end(state, metrics, key, phase_index, pr)
                 # The input position of the next step, taken before it is prefetched.
                 at.iterator_state = iterator_state_of(pr.iterator) if at.save else None

@@ -41,9 +41,12 @@ def _fmt_duration(seconds: float) -> str:
 class Progress:
     """Prints `step | samples/s | MFU | loss | last eval | ETA` lines on process 0.
 
-    MFU is model FLOP/s (the task's analytic FLOPs per example x samples/s) over the peak
-    of the devices in use (mlperf/peak_flops.py); it is shown when both are known. Set
-    `flops_per_example` at each phase start (BERT's phase 2 has longer sequences).
+    MFU is model FLOP/s over the peak of the devices in use (mlperf/peak_flops.py); it is
+    shown when both are known. The model FLOPs are counted per batch row, step by step
+    (`step_done`): the task's analytic FLOPs per example (`flops_per_row`, set at each
+    phase start: BERT's phase 2 has longer sequences) x the rows of the step. A packed
+    BERT row holds several samples but costs one row's FLOPs, so samples/s and MFU are
+    counted apart.
     """
 
     def __init__(
@@ -52,13 +55,13 @@ class Progress:
         target_metric: str,
         enabled: bool = True,
         peak_flops_per_s: float | None = None,
-        flops_per_example: float | None = None,
+        flops_per_row: float | None = None,
     ):
         self.total_steps = total_steps
         self.metric = target_metric
         self.enabled = enabled
         self.peak_flops_per_s = peak_flops_per_s
-        self.flops_per_example = flops_per_example
+        self.flops_per_row = flops_per_row
         self.start = time.perf_counter()
         self._last_time = self.start
         self._last_samples = 0
@@ -66,15 +69,23 @@ class Progress:
         self.last_eval: tuple[int, float] | None = None
         self.samples_per_s = 0.0
         self.mfu: float | None = None
-        # Model FLOPs done so far, summed phase by phase, for the run's mean MFU.
+        # Model FLOPs done so far, summed step by step, for the run's mean MFU.
         self.model_flops = 0.0
+        self._last_flops = 0.0
+        self._counted = False  # whether any step's FLOPs were known
 
     def begin(self, step: int = 0, samples: int = 0, model_flops: float = 0.0) -> None:
         """Starts the clock at the first step this process runs (a resumed run starts at
         its checkpoint's step): rates and the ETA count only steps run since then."""
         self.start = self._last_time = time.perf_counter()
         self._start_step, self._last_samples = step, samples
-        self.model_flops = model_flops
+        self.model_flops = self._last_flops = model_flops
+
+    def step_done(self, rows: int) -> None:
+        """Counts one step of `rows` batch rows at the phase's FLOPs per row."""
+        if self.flops_per_row is not None:
+            self.model_flops += rows * self.flops_per_row
+            self._counted = True
 
     def log(
         self, step: int, samples: int, metrics: dict[str, float], paused_s: float = 0.0
@@ -82,13 +93,12 @@ class Progress:
         """A progress line; `paused_s`: seconds since the last line spent outside training
         (evals, checkpoint saves), left out of the window's samples/s and MFU."""
         now = time.perf_counter()
-        window = now - self._last_time - paused_s
-        rate = (samples - self._last_samples) / max(window, 1e-9)
-        if self.flops_per_example is not None:
-            self.model_flops += (samples - self._last_samples) * self.flops_per_example
+        window = max(now - self._last_time - paused_s, 1e-9)
+        rate = (samples - self._last_samples) / window
         self.samples_per_s = rate
-        self.mfu = self._mfu(rate)
+        self.mfu = self._mfu((self.model_flops - self._last_flops) / window)
         self._last_time, self._last_samples = now, samples
+        self._last_flops = self.model_flops
         steps_per_s = (step - self._start_step) / max(now - self.start, 1e-9)
         eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
         last = (
@@ -105,35 +115,22 @@ class Progress:
                 flush=True,
             )
 
-    def _mfu(self, samples_per_s: float) -> float | None:
-        if not self.peak_flops_per_s or self.flops_per_example is None:
+    def _mfu(self, model_flops_per_s: float) -> float | None:
+        if not self.peak_flops_per_s or not self._counted:
             return None
-        return samples_per_s * self.flops_per_example / self.peak_flops_per_s
-
-    def model_flops_at(self, samples: int) -> float:
-        """Model FLOPs done up to `samples` (those since the last line at this phase's rate)."""
-        pending = (samples - self._last_samples) * (self.flops_per_example or 0.0)
-        return self.model_flops + pending
+        return model_flops_per_s / self.peak_flops_per_s
 
     def eval_done(self, samples: int, value: float) -> None:
         self.last_eval = (samples, value)
 
     def result_fields(self, run_time_s: float, samples: int) -> dict[str, Any]:
         """Throughput and MFU over the whole run (evals included), for result.json."""
-        if samples > self._last_samples and self.flops_per_example is not None:
-            self.model_flops += (samples - self._last_samples) * self.flops_per_example
-            self._last_samples = samples
         run_time_s = max(run_time_s, 1e-9)
-        mfu = (
-            self.model_flops / run_time_s / self.peak_flops_per_s
-            if self.peak_flops_per_s and self.flops_per_example is not None
-            else None
-        )
         return {
             "samples_per_s": samples / run_time_s,
             "model_flops_per_s": self.model_flops / run_time_s,
             "peak_flops_per_s": self.peak_flops_per_s,
-            "mfu": mfu,
+            "mfu": self._mfu(self.model_flops / run_time_s),
             "last_mfu": self.mfu,
         }
 

@@ -301,7 +301,8 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
 
     @abc.abstractmethod
     def flops_per_example(self, phase: Phase) -> float:
-        """Analytic training FLOPs per example (forward + backward) for MFU."""
+        """Analytic training FLOPs per example (forward + backward) for MFU: per batch
+        row, which a task packing several samples in a row counts once."""
 
     def rules_eval_schedule(self, phases: Sequence[Phase]) -> tuple[int, int]:
         """(first eval, eval interval) in samples under the MLPerf rules of the task's

@@ -260,8 +260,10 @@ def test_ctrl_c_asks_for_a_checkpoint_and_a_second_one_interrupts():
 def test_first_progress_line_after_a_resume_counts_only_the_steps_run(monkeypatch, capsys):
     clock = iter([0.0, 100.0, 110.0])  # created; the loop begins at step 600; 10 s later
     monkeypatch.setattr("mlperf.reporting.time.perf_counter", lambda: next(clock))
-    p = Progress(1000, "acc", peak_flops_per_s=1e9, flops_per_example=1e6)
-    p.begin(step=600, samples=600 * 64)
+    p = Progress(1000, "acc", peak_flops_per_s=1e9, flops_per_row=1e6)
+    p.begin(step=600, samples=600 * 64, model_flops=600 * 64 * 1e6)
+    for _ in range(10):
+        p.step_done(64)
     p.log(610, 610 * 64, {"loss": 1.0, "learning_rate": 1e-3})
     assert p.samples_per_s == pytest.approx(64.0)  # 640 samples in 10 s, not 39040
     assert p.mfu == pytest.approx(0.064)

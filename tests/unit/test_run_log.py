@@ -27,7 +27,8 @@ def test_every_sink_gets_train_and_eval(tmp_path, capsys):
     log = RunLog(str(tmp_path), is_main=True)
     log.start(keys.RUN_START)
     log.begin_training(total_steps=4, target_metric="acc", peak_flops_per_s=1e9)
-    log.progress.flops_per_example = 1e6
+    log.progress.flops_per_row = 1e6
+    log.progress.step_done(10)
     _train_and_eval(log, 1)
     log.end_training()
     log.end(keys.RUN_STOP, metadata={keys.STATUS: keys.SUCCESS})

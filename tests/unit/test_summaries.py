@@ -36,15 +36,36 @@ def test_summaries_disabled_writes_nothing(tmp_path):
 
 
 def test_progress_mfu_and_result_fields(capsys):
-    p = Progress(10, "acc", enabled=True, peak_flops_per_s=1e9, flops_per_example=1e6)
+    p = Progress(10, "acc", enabled=True, peak_flops_per_s=1e9, flops_per_row=1e6)
+    for _ in range(5):
+        p.step_done(100)
     p.log(5, 500, {"loss": 1.0, "learning_rate": 0.1})
-    # MFU = samples/s x FLOPs per example / peak, whatever the rate was.
+    # MFU = rows/s x FLOPs per row / peak (one sample a row here), whatever the rate was.
     assert p.mfu == pytest.approx(p.samples_per_s * 1e6 / 1e9)
     assert "MFU" in capsys.readouterr().out
+    for _ in range(5):
+        p.step_done(100)
     fields = p.result_fields(run_time_s=2.0, samples=1000)
     assert fields["samples_per_s"] == 500.0
     assert fields["model_flops_per_s"] == pytest.approx(1000 * 1e6 / 2.0)
     assert fields["mfu"] == pytest.approx(0.5)
+
+
+def test_packed_rows_count_their_flops_once(monkeypatch):
+    """10 steps of 42 packed rows holding 63 samples in 10 s: 63 samples/s, and the
+    FLOPs of 42 rows a second, not of 63."""
+    import mlperf.reporting as reporting
+
+    clock = iter([0.0, 0.0, 10.0])
+    monkeypatch.setattr(reporting.time, "perf_counter", lambda: next(clock))
+    p = Progress(100, "acc", enabled=False, peak_flops_per_s=1e9, flops_per_row=1e6)
+    p.begin()
+    for _ in range(10):
+        p.step_done(42)
+    p.log(10, 630, {"loss": 1.0, "learning_rate": 0.1})
+    assert p.samples_per_s == pytest.approx(63.0)
+    assert p.mfu == pytest.approx(42 * 1e6 / 1e9)
+    assert p.result_fields(10.0, 630)["model_flops_per_s"] == pytest.approx(42e6)
 
 
 def test_progress_rate_leaves_out_eval_and_save_time(monkeypatch):
