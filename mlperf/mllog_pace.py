@@ -69,8 +69,8 @@ def steps_per_epoch(evs: list[dict[str, Any]]) -> float:
 
 def step_pace(log_text: str) -> dict[str, Any]:
     """Host dispatch pace (median over blocks) and device pace (between consecutive
-    eval results) in ms per step, with the run's length, the steps at each eval and the
-    steps per logged epoch.
+    eval results) in ms per step, each with its every value (`..._each`), the run's
+    length, the steps at each eval and the steps per logged epoch.
 
     A key is missing when the log lacks its events (no blocks, fewer than two evals).
     """
@@ -92,6 +92,7 @@ def step_pace(log_text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"eval_steps": [s for s, _ in evals], "steps_per_epoch": per_epoch}
     if blocks:
         out["dispatch_ms_per_step"] = statistics.median(blocks)
+        out["dispatch_ms_per_step_each"] = blocks
     pairs = zip(evals, evals[1:], strict=False)
     gaps = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in pairs if s1 > s0]
     if gaps:

@@ -329,7 +329,7 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         compiler_s=step.compiler_s,
         compiler_estimate=step.compiler_s is not None,
         dcn_s=step.dcn_s,
-        step_method=_method(train),
+        step_method=_method(train, spec.generation),
         mfu=analytic / (chips * chip.peak_flops * step.total_s),
         steps=steps,
         time_to_train_s=seconds,
@@ -342,22 +342,28 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _method(train: dict[str, Any]) -> str:
-    """Where a row's step time comes from (see `mlperf.inspection`)."""
+def _method(train: dict[str, Any], generation: str) -> str:
+    """Where a row's step time comes from (see `mlperf.inspection`, `step_model`)."""
     if "layer_step_s" in train:
         return "compiler, 1-2 layers extrapolated"
+    if "compiler_step_s" not in train and generation in step_model.ROOFLINE_ETA:
+        return f"{ROOFLINE_ETA_METHOD}: compiler estimate unusable"
     if "compiler_step_s" not in train:
         return "roofline + ICI: compiler estimate unusable"
     return "compiler + loops at peak" if "estimate_method" in train else "compiler"
 
 
+# The method of a row stepped by the generation's `roofline-eta` (step_model).
+ROOFLINE_ETA_METHOD = "roofline-eta"
+
+
 def _step_cell(row: dict[str, Any]) -> str:
     """The estimated step, its method and the roofline's bounds: ICI hidden behind
-    compute, and ICI after it (the step itself where the compiler gives no estimate)."""
+    compute, and ICI after it (the step itself where the plain roofline is the step)."""
     text = f"{row['step_s'] * 1e3:.2f} ms ({row['step_method']}"
     if row.get("step_bounds_s"):
         low, high = (s * 1e3 for s in row["step_bounds_s"])
-        if row["compiler_estimate"]:
+        if row["compiler_estimate"] or row["step_method"].startswith(ROOFLINE_ETA_METHOD):
             text += f"; roofline {low:.2f} ms with ICI overlapped, {high:.2f} ms serial"
         else:  # the step is the serial figure
             text += f"; {low:.2f} ms with ICI overlapped"

@@ -32,6 +32,7 @@ def _log():
 def test_dispatch_and_device_pace_are_read_apart():
     pace = step_pace(_log())
     assert pace["dispatch_ms_per_step"] == pytest.approx(20.0)
+    assert pace["dispatch_ms_per_step_each"] == pytest.approx([20.0, 20.0, 20.0])
     assert pace["device_ms_per_step"] == pytest.approx(50.0)
     assert pace["eval_steps"] == [20, 30] and pace["run_s"] == pytest.approx(2.1)
 

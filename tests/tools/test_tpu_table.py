@@ -31,7 +31,9 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
         # Every row brackets its step by the roofline with ICI hidden and after it.
         low, high = row["step_bounds_s"]
         assert 0 < low <= high
-        if row["step_method"].endswith("compiler estimate unusable"):
+        if row["step_method"].startswith("roofline-eta"):  # step_model's fixed time on
+            assert row["step_s"] > low  # top of the overlapped roofline at eta x peak
+        elif row["step_method"].endswith("compiler estimate unusable"):
             assert row["step_s"] == pytest.approx(high)  # the no-overlap bound itself
     # v3:2x2 has 8 cores: the config's data=2 x model=4; v4 in megacore mode 4 devices:
     # the config's fixed mesh does not fit, so `data` takes what is left.
@@ -52,5 +54,23 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
     assert "launch.bench.tpu --models bert" in text
     table = [ln for ln in lines if ln.startswith("| bert")]
     assert len(table) == 3 and "error: timed out" in table[2]
-    assert "ms with ICI overlapped, " in table[0] and " ms serial)" in table[0]
+    for line in table[:2]:  # the compiler's steps show both bounds
+        assert "ms with ICI overlapped, " in line and " ms serial)" in line
     assert all(ln.count("|") == len(tpu_table.COLUMNS) + 1 for ln in table)
+
+
+def test_a_step_without_compiler_estimate_names_its_model_and_both_bounds():
+    """v4 (step_model's roofline-eta) and a generation with no fitted model (the roofline
+    plus ICI, which is its serial bound)."""
+    method = tpu_table._method({}, "v4")
+    assert method == "roofline-eta: compiler estimate unusable"
+    row = {"step_s": 0.02, "step_method": method, "compiler_estimate": False}
+    row["step_bounds_s"] = (0.01, 0.015)
+    assert tpu_table._step_cell(row) == (
+        "20.00 ms (roofline-eta: compiler estimate unusable; roofline 10.00 ms with ICI "
+        "overlapped, 15.00 ms serial)"
+    )
+    row.update(step_s=0.015, step_method=tpu_table._method({}, "v5e"))
+    assert tpu_table._step_cell(row) == (
+        "15.00 ms (roofline + ICI: compiler estimate unusable; 10.00 ms with ICI overlapped)"
+    )
