@@ -114,10 +114,13 @@ def test_tf_training_blocks_are_compared_where_they_wait_for_the_device(points, 
             assert p.compared_s == p.block_step_s <= p.step_s
         else:
             assert p.compared_s == p.step_s
+    lingvo_ms = []
     for cores in (16, 128, 512):
         lingvo = points[f"v0.7/results/tpu-v4-{cores}-TF/transformer"]
         bound = step_model.lower_bound_s(flops_per_example["transformer"], lingvo)
         assert lingvo.block_step_s < bound / 5
+        lingvo_ms.append(round(lingvo.block_step_s * 1000, 1))
+    assert lingvo_ms == [1.7, 1.6, 1.9]
 
 
 @needs_logs
@@ -149,10 +152,16 @@ def test_maskrcnn_on_256_chips_training_pace_varies_between_runs():
 
 
 @needs_logs
-def test_ssd_logs_sum_batch_norm_statistics_over_64_images():
+def test_ssd_logs_sum_batch_norm_statistics_over_64_images(points):
+    """64 images are 8 chips at 8 images per chip, 4 at 16, within one chip at 128."""
+    chips = {}
     for cores in (16, 128, 512):
-        with open(f"{ROOT}/v0.7/results/tpu-v4-{cores}-TF/ssd/result_0.txt") as f:
-            assert logged_value(events(f.read()), "model_bn_span") == 64
+        folder = f"v0.7/results/tpu-v4-{cores}-TF/ssd"
+        for path in glob.glob(f"{ROOT}/{folder}/result_*.txt"):
+            with open(path) as f:
+                assert logged_value(events(f.read()), "model_bn_span") == 64
+        chips[cores] = 64 / points[folder].batch_per_chip
+    assert chips == {16: 0.5, 128: 4, 512: 8}
 
 
 def _v4_v07(points) -> list:
