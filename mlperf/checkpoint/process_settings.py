@@ -25,12 +25,13 @@ class _OrbaxSaveTracebacks(logging.Filter):
         return not (from_orbax and record.exc_info and record.levelno >= logging.ERROR)
 
 
-def _is_late_store_reply(value: BaseException, tb: types.TracebackType | None) -> bool:
-    """True for the error tensorstore prints when a store reply arrives after orbax has
+def _is_late_store_reply(value: BaseException | None, tb: types.TracebackType | None) -> bool:
+    """True for the error tensorstore reports when a store reply arrives after orbax has
     closed the event loop of a save it abandoned: tensorstore hands each finished
-    request to `loop.call_soon_threadsafe` from one of its own threads, and prints the
-    "Event loop is closed" that a closed loop raises. Only that shape matches: the
-    message, and a traceback made of asyncio's frames alone (no Python code called it)."""
+    request to `loop.call_soon_threadsafe` from one of its own threads, and reports the
+    "Event loop is closed" that a closed loop raises as unraisable. Only that shape
+    matches: the message, and a traceback made of asyncio's frames alone (no Python
+    code called it)."""
     if not isinstance(value, RuntimeError) or str(value) != "Event loop is closed":
         return False
     frames = []
@@ -46,24 +47,25 @@ def _is_late_store_reply(value: BaseException, tb: types.TracebackType | None) -
     )
 
 
-def _drop_late_store_replies() -> None:
+def drop_late_store_replies() -> None:
     """Keeps tensorstore's late replies to an abandoned save out of the run's output.
 
     When the store goes away during a save, the first failed request fails the save and
     orbax closes its loop; the requests still in flight fail later (after their retries)
-    and each would print a traceback from a tensorstore thread, in the middle of the
-    run's one-line report of the failed save. Those replies carry nothing new: the save
-    has failed and was reported. Every other error still reaches the previous hook."""
-    previous = sys.excepthook
+    and each would print a traceback from a tensorstore thread (`sys.unraisablehook`),
+    around the run's one-line report of the failed save. Those replies carry nothing
+    new: the save has failed and was reported. Every other unraisable error still
+    reaches the previous hook. Installed once per process."""
+    previous = sys.unraisablehook
     if getattr(previous, "_drops_late_store_replies", False):
         return
 
-    def hook(kind, value, tb):  # noqa: ANN001 - sys.excepthook's signature
-        if not _is_late_store_reply(value, tb):
-            previous(kind, value, tb)
+    def hook(unraisable) -> None:  # noqa: ANN001 - sys.UnraisableHookArgs
+        if not _is_late_store_reply(unraisable.exc_value, unraisable.exc_traceback):
+            previous(unraisable)
 
     hook._drops_late_store_replies = True  # type: ignore[attr-defined]
-    sys.excepthook = hook
+    sys.unraisablehook = hook
 
 
 # How often tensorstore (which writes and reads the arrays of a checkpoint on an object
@@ -105,7 +107,7 @@ def configure_checkpointing() -> None:
     save). Several processes keep orbax's default. The registered handler's array-metadata
     store is kept (orbax exposes no public constructor for it)."""
     _bound_store_retries()
-    _drop_late_store_replies()
+    drop_late_store_replies()
     absl_logger = logging.getLogger("absl")
     absl_logger.setLevel(logging.WARNING)
     if not any(isinstance(f, _OrbaxSaveTracebacks) for f in absl_logger.filters):
