@@ -81,6 +81,11 @@ def train_block(**values: Any) -> ConfigDict:
         eval_every_samples=0,  # 0: 10 evals over the run
         eval_batch_size=256,
         log_every_steps=10,
+        # Train steps one host dispatch runs (mlperf/dispatch.py): the host's per-dispatch
+        # work is paid once per that many steps. Every step count the loop acts at (each
+        # phase's steps, log_every_steps, checkpoint.every_steps, whole-step evals) must
+        # be a multiple of it.
+        steps_per_dispatch=1,
         target=0.0,
         stop_at_target=True,
     )

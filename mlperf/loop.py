@@ -19,6 +19,12 @@ The step loop itself only trains; the work at step boundaries is the hooks
 
 The eval runs before the save so the checkpoint holds its metrics and the run stops at
 the target only after that save; the MLPerf log events follow this order.
+
+With `train.steps_per_dispatch` = k > 1 (mlperf/dispatch.py) one call of the compiled
+step runs k steps on k stacked batches: the counters, samples and progress advance step
+by step, and the hooks run once the dispatch's last step is counted, which is where every
+step they act at falls (the config check before anything is built makes sure). The
+profile window then spans the dispatches holding its steps.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from mlperf.checkpoint import (
     plain_config,
 )
 from mlperf.checkpoint.manager import all_hosts_ok
+from mlperf.dispatch import stack_batches
+from mlperf.eval_schedule import eval_schedule
 from mlperf.evaluate import Evaluator
 from mlperf.goodput import Goodput, LoopLedger
 from mlperf.loop_hooks import Hooks, StepEnd, every
@@ -49,36 +57,41 @@ from mlperf.loop_state import LoopState
 from mlperf.mllog import keys
 from mlperf.profiling import ProfileWindow
 from mlperf.run_log import RunLog
-from mlperf.task import Phase, Task
+from mlperf.task import Phase
 from mlperf.trainer import Trainer
-from parallel.partition import DataLayout
-
-
-def eval_schedule(config, phases: tuple[Phase, ...], task: Task) -> tuple[int, int]:
-    """(samples at the first eval, samples between evals).
-
-    train.eval_every_samples > 0: every that many samples; 0: ten evals over the run;
-    -1: the MLPerf rules of the task's round (`Task.rules_eval_schedule`)."""
-    every = config.train.eval_every_samples
-    if every < 0:
-        return task.rules_eval_schedule(phases)
-    if every > 0:
-        return every, every
-    total = sum(p.steps * p.global_batch_size for p in phases)
-    every = max(total // 10, phases[0].global_batch_size)
-    return every, every
+from parallel.partition import DataLayout, Partitioner
 
 
 @dataclasses.dataclass
 class PhaseRun:
-    """One phase, ready to run: its data layout, iterator, first batch, compiled step."""
+    """One phase, ready to run: its data layout, iterator, next input, compiled step.
+
+    `step_fn` runs `steps_per_dispatch` steps a call (mlperf/dispatch.py): one step on a
+    host batch, or several on that many batches stacked on a leading axis."""
 
     phase: Phase
     layout: DataLayout
     iterator: Iterator[dict[str, np.ndarray]]
-    pending: dict[str, np.ndarray]
+    pending: list[dict[str, np.ndarray]]  # the next dispatch's host batches, in order
     step_fn: Any
     done: int = 0  # steps of this phase already trained (a resumed run starts past 0)
+    steps_per_dispatch: int = 1
+
+    def fetch(self) -> None:
+        """Takes the next dispatch's host batches from the iterator."""
+        self.pending = [next(self.iterator) for _ in range(self.steps_per_dispatch)]
+
+    def global_batch(self, partitioner: Partitioner) -> dict[str, jax.Array]:
+        """The pending host batches as the step function's global input: one transfer."""
+        if self.steps_per_dispatch == 1:
+            return partitioner.host_to_global(self.pending[0], self.layout)
+        return partitioner.host_steps_to_global(stack_batches(self.pending), self.layout)
+
+
+def last_step(value) -> float:
+    """A fetched metric of the last step dispatched (a dispatch of several steps returns
+    each step's value, in order)."""
+    return float(np.asarray(value).reshape(-1)[-1])
 
 
 class TrainLoop:
@@ -218,7 +231,7 @@ class TrainLoop:
 
     def _healthy(self, state, metrics) -> bool:
         """Loss and parameters finite; otherwise stop, keeping the last good checkpoint."""
-        loss = float(jax.device_get(metrics["loss"]))
+        loss = last_step(jax.device_get(metrics["loss"]))
         if np.isfinite(loss) and bool(jax.device_get(all_finite(state["params"]))):
             self._watch(loss)
             return True
@@ -330,7 +343,7 @@ class TrainLoop:
 
     def _log(self, metrics) -> bool:
         """Fetches the step metrics and prints progress; False when the loss is not finite."""
-        last = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        last = {k: last_step(v) for k, v in jax.device_get(metrics).items()}
         if not np.isfinite(last["loss"]):
             self._abort(f"loss is {last['loss']}")
             return False
@@ -366,19 +379,26 @@ class TrainLoop:
             # Analytic FLOPs of this phase's batch rows, for MFU (BERT phase 2 is longer).
             self.log.progress.flops_per_row = self.task.flops_per_example(pr.phase)
             while pr.done < pr.phase.steps:
-                step_samples = self.task.step_samples(pr.pending, pr.phase)
-                batch = self.trainer.partitioner.host_to_global(pr.pending, pr.layout)
-                self.hooks.run_before(self.s.step)
+                # One dispatch: one step, or train.steps_per_dispatch of them (the
+                # counters, samples and progress advance step by step; the hooks run
+                # once the dispatch's last step is counted).
+                samples = [self.task.step_samples(b, pr.phase) for b in pr.pending]
+                batch = pr.global_batch(self.trainer.partitioner)
+                steps = range(self.s.step, self.s.step + len(samples))
+                for step in steps:
+                    self.hooks.run_before(step)
                 state, metrics = pr.step_fn(state, batch, key)
-                self.hooks.run_dispatched(self.s.step, metrics)
-                self.s.step += 1
-                pr.done += 1
-                self.s.samples += step_samples
-                self.log.progress.step_done(pr.phase.global_batch_size)
+                for step in steps:
+                    self.hooks.run_dispatched(step, metrics)
+                for step_samples in samples:
+                    self.s.step += 1
+                    pr.done += 1
+                    self.s.samples += step_samples
+                    self.log.progress.step_done(pr.phase.global_batch_size)
                 at = self._step_end(state, metrics, key, phase_index, pr)
                 # The input position of the next step, taken before it is prefetched.
                 at.iterator_state = iterator_state_of(pr.iterator) if at.save else None
-                pr.pending = next(pr.iterator)  # host input overlaps the device step
+                pr.fetch()  # host input overlaps the device steps
                 if not self.hooks.run_step_end(at):
                     return state
         with self.goodput.timing("eval_s"):

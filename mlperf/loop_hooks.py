@@ -27,7 +27,7 @@ class StepEnd:
 
     step: int  # steps done, this one included
     state: Any
-    metrics: Any
+    metrics: Any  # the step's metrics (several steps per dispatch: each one's, stacked)
     key: Any
     phase_index: int
     phase_run: Any  # mlperf.loop.PhaseRun

@@ -193,6 +193,19 @@ def make_train_step(
     return train_step
 
 
+def scan_steps(train_step: Callable) -> Callable:
+    """train_steps(state, batches, key) -> (state, metrics): `train_step` over batches
+    stacked on a leading axis, one after the other in one program (`jax.lax.scan`), for
+    `train.steps_per_dispatch`. Each step is the single step's own computation: its RNG
+    and learning rate follow the state's step counter, so k steps here are the k steps
+    one at a time. The metrics are every step's, stacked ([steps])."""
+
+    def train_steps(state, batches, key):
+        return jax.lax.scan(lambda carry, batch: train_step(carry, batch, key), state, batches)
+
+    return train_steps
+
+
 def make_eval_step(task_fn: Callable, layout: StateLayout) -> Callable:
     """Returns eval_step(params, batch) -> task_fn(model, batch): `Task.eval_sums` (sums
     over the batch's real examples) or `Task.eval_outputs` (per-example outputs)."""
@@ -203,15 +216,19 @@ def make_eval_step(task_fn: Callable, layout: StateLayout) -> Callable:
     return eval_step
 
 
-def batch_abstract(partitioner: Partitioner, example_spec: dict, global_batch_size: int) -> dict:
-    """ShapeDtypeStructs (with batch shardings) of a global batch from per-example specs."""
+def batch_abstract(
+    partitioner: Partitioner, example_spec: dict, global_batch_size: int, steps: int = 1
+) -> dict:
+    """ShapeDtypeStructs (with batch shardings) of a global batch from per-example specs;
+    `steps` > 1: that many batches stacked on a leading, unsharded axis (`scan_steps`)."""
     out = {}
     for name, (shape, dtype) in example_spec.items():
-        out[name] = jax.ShapeDtypeStruct(
-            (global_batch_size, *shape),
-            dtype,
-            sharding=partitioner.sharding(partitioner.batch_spec(1 + len(shape))),
-        )
+        if steps == 1:
+            full, spec = (global_batch_size, *shape), partitioner.batch_spec(1 + len(shape))
+        else:
+            full = (steps, global_batch_size, *shape)
+            spec = partitioner.steps_batch_spec(2 + len(shape))
+        out[name] = jax.ShapeDtypeStruct(full, dtype, sharding=partitioner.sharding(spec))
     return out
 
 

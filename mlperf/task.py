@@ -198,6 +198,12 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
         del host_batch
         return phase.global_batch_size
 
+    def step_samples_vary(self, phase: Phase) -> bool:
+        """Whether `step_samples` depends on the batch (several samples packed in a row):
+        the evals due at sample counts then fall at steps known only while training."""
+        del phase
+        return False
+
     # ---- phases and schedule -------------------------------------------------------------
     @abc.abstractmethod
     def make_phases(self) -> Sequence[Phase]:

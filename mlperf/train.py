@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import jax
 
 from input_pipeline import storage
-from mlperf import compilation_cache
+from mlperf import compilation_cache, dispatch
 from mlperf.checkpoint import (
     CheckpointConfig,
     Checkpointer,
@@ -166,7 +166,10 @@ def initialise(
 
 
 def prepare_phases(trainer: Trainer, start: RunStart, goodput: Goodput) -> list[PhaseRun]:
-    """Each phase's data iterator (at the restored position) and compiled train step."""
+    """Each phase's data iterator (at the restored position) and compiled train step (of
+    `train.steps_per_dispatch` steps a call)."""
+    k = dispatch.steps_per_dispatch(trainer.config)
+    dispatch.check_resume_step(trainer.config, start.resumed_step)  # before compiling
     phase_runs = []
     for i, phase in enumerate(trainer.phases):
         layout = trainer.partitioner.data_layout(phase.global_batch_size)
@@ -177,12 +180,12 @@ def prepare_phases(trainer: Trainer, start: RunStart, goodput: Goodput) -> list[
                 )
             )
         with goodput.timing("compile_s"):
-            step_fn = trainer.lower_train_step(phase).compile()
-        pr = PhaseRun(phase, layout, iterator, {}, step_fn)
+            step_fn = trainer.lower_train_step(phase, steps=k).compile()
+        pr = PhaseRun(phase, layout, iterator, [], step_fn, steps_per_dispatch=k)
         with goodput.timing("data_prep_s"):
             pr.done = resume_position(start.restored, i, phase.steps, iterator)
             if pr.done < phase.steps:
-                pr.pending = next(iterator)
+                pr.fetch()
         phase_runs.append(pr)
     return phase_runs
 

@@ -19,7 +19,7 @@ import optax
 from mlperf.evaluate import Evaluator, evaluate_sets
 from mlperf.optimizer import build_optimizer
 from mlperf.pretrained import Pretrained
-from mlperf.steps import batch_abstract, make_train_step
+from mlperf.steps import batch_abstract, make_train_step, scan_steps
 from mlperf.task import EvalPlan, Phase, Task
 from mlperf.tasks import get_task
 from mlperf.train_state import (
@@ -65,9 +65,11 @@ class Trainer:
         """The in-loop eval's batch (`Task.eval_plan`)."""
         return self.task.eval_plan()
 
-    def jitted_train_step(self, microbatches: int | None = None):
+    def jitted_train_step(self, microbatches: int | None = None, steps: int = 1):
         """The train step, jitted with state/batch shardings and state donation; it
-        accumulates gradients over `microbatches` (by default the first phase's)."""
+        accumulates gradients over `microbatches` (by default the first phase's). `steps`
+        > 1: that many steps in one program over batches stacked on a leading axis
+        (`scan_steps`, for `train.steps_per_dispatch`), returning every step's metrics."""
         reduction = GradReduction.from_config(self.config.parallel)
         step = make_train_step(
             self.task,
@@ -79,23 +81,24 @@ class Trainer:
             reduction,
         )
         return self.partitioner.jit(
-            step,
+            step if steps == 1 else scan_steps(step),
             in_shardings=(self.layout.state_shardings, None, self.partitioner.replicated()),
             out_shardings=(self.layout.state_shardings, self.partitioner.replicated()),
             donate_argnums=(0,),
         )
 
-    def lower_train_step(self, phase: Phase, platforms: tuple[str, ...] = ()):
+    def lower_train_step(self, phase: Phase, platforms: tuple[str, ...] = (), steps: int = 1):
         """Lowers the train step for one phase's global batch shapes (nothing allocated);
         for `platforms` ("cuda", "tpu") instead of the mesh's own, when given: a program
-        to read, not to compile here."""
+        to read, not to compile here. `steps` > 1: the program of that many steps over
+        stacked batches (`jitted_train_step`)."""
         abstract = batch_abstract(
-            self.partitioner, self.task.example_spec(phase), phase.global_batch_size
+            self.partitioner, self.task.example_spec(phase), phase.global_batch_size, steps
         )
         key = jax.ShapeDtypeStruct(
             (), jax.random.key(0).dtype, sharding=self.partitioner.replicated()
         )
-        step = self.jitted_train_step(phase.microbatches)
+        step = self.jitted_train_step(phase.microbatches, steps)
         traced = step.trace(self.layout.abstract_train_state, abstract, key)
         return traced.lower(lowering_platforms=platforms) if platforms else traced.lower()
 

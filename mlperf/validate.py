@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from input_pipeline import input_files, storage
+from mlperf import dispatch
 from mlperf.config_error import ConfigError  # raised here, imported from here by callers
 from mlperf.optimizer import OPTIMIZERS
 from parallel.data_parallel import GradReduction
@@ -114,6 +115,7 @@ def validate(config, num_devices: int, task: Task | None = None) -> dict[str, in
             f"model.train_head_dtype={head_dtype!r} applies only to the sliced head: set "
             "model.train_head_vocab_slice > 0 too, or leave the dtype ''."
         )
+    dispatch.check(config, task)
     check_names(config)
     return sizes
 

@@ -224,6 +224,11 @@ class Partitioner:
     def batch_spec(self, ndim: int) -> PartitionSpec:
         return self.spec(("batch",) + (None,) * (ndim - 1))
 
+    def steps_batch_spec(self, ndim: int) -> PartitionSpec:
+        """The spec of several steps' batches stacked on a leading axis (one dispatch of
+        several train steps): that axis unsharded, each step's rows as `batch_spec`."""
+        return PartitionSpec(None, *self.batch_spec(ndim - 1))
+
     def batch_shards(self) -> int:
         """How many ways a batch's rows are split (the mesh axes `batch` maps to): a
         global batch must hold a multiple of this many rows."""
@@ -268,6 +273,25 @@ class Partitioner:
                 )
             global_shape = (layout.global_batch_size, *local.shape[1:])
             sharding = self.sharding(self.batch_spec(local.ndim))
+            out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+        return out
+
+    def host_steps_to_global(
+        self, stacked: Mapping[str, np.ndarray], layout: DataLayout
+    ) -> dict[str, jax.Array]:
+        """Assembles this host's batches of several steps, stacked on a leading axis
+        ([steps, host rows, ...]), into global arrays [steps, global rows, ...]: one
+        transfer for all of them, each step's rows sharded as `host_to_global` shards one
+        batch."""
+        out = {}
+        for name, local in stacked.items():
+            if local.ndim < 2 or local.shape[1] != layout.host_batch_size:
+                raise ValueError(
+                    f"stacked host batch field {name!r} has shape {local.shape}, expected "
+                    f"[steps, {layout.host_batch_size}, ...] (global {layout.global_batch_size})."
+                )
+            global_shape = (local.shape[0], layout.global_batch_size, *local.shape[2:])
+            sharding = self.sharding(self.steps_batch_spec(local.ndim))
             out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
         return out
 

@@ -3,7 +3,8 @@
     python -m launch.bench.input --fixture_dir /tmp/multipod-input [--coco_dir DIR]
         [--input_models bert,transformer,ssd,maskrcnn] [--input_generations v3,v4,v5p]
         [--timed_batches 20] [--min_seconds 5] [--grain_workers 2] [--fixture_records 256]
-        [--tpu_table docs/results/tpu-table-rows.json] [--overhead_steps 50] [--as_json]
+        [--tpu_table docs/results/tpu-table-rows.json] [--overhead_steps 50]
+        [--steps_per_dispatch 1,8] [--as_json]
 
 For every `mlperf_v07` config and TPU generation it prints the examples one host must
 deliver per second at the estimated step time of the TPU table (its rows file,
@@ -19,7 +20,9 @@ rasterisation, grain batching) timed over `--timed_batches` host batches (and at
 `--min_seconds`) in this process pinned to one CPU, and again with `--grain_workers`
 worker processes (their rate over the cores they use); the smaller of the two per-core
 figures is the one used. The host-side cost of the train loop itself
-(launch/bench/input_overhead.py) is printed against 5% of each estimated step.
+(launch/bench/input_overhead.py) is printed against 5% of each estimated step, per step,
+once for each of `--steps_per_dispatch` (`train.steps_per_dispatch`: the loop's own
+multi-step dispatch, its host work paid once per that many steps).
 """
 
 from __future__ import annotations
@@ -74,6 +77,12 @@ FIXTURE_RECORDS = flags.DEFINE_integer(
 )
 OVERHEAD_STEPS = flags.DEFINE_integer(
     "overhead_steps", 50, "Stubbed train-loop steps timed for the host overhead (0: skip)."
+)
+STEPS_PER_DISPATCH = flags.DEFINE_list(
+    "steps_per_dispatch",
+    ["1"],
+    "Train steps per dispatch to time the loop's host work at (train.steps_per_dispatch), "
+    "a row each.",
 )
 AS_JSON = flags.DEFINE_bool("as_json", False, "Print JSON instead of markdown tables.")
 
@@ -246,8 +255,22 @@ def check_flags(models: list[str], generations: list[str]) -> None:
             raise InputBenchError(f"--{name} must be at least 1, got {value}")
     if min(GRAIN_WORKERS.value, OVERHEAD_STEPS.value, MIN_SECONDS.value) < 0:
         raise InputBenchError("--grain_workers, --overhead_steps and --min_seconds must be >= 0")
+    dispatch_steps(STEPS_PER_DISPATCH.value)
     if FIXTURE_RECORDS.value < 8:
         raise InputBenchError(f"--fixture_records must be at least 8, got {FIXTURE_RECORDS.value}")
+
+
+def dispatch_steps(values: list[str]) -> list[int]:
+    """--steps_per_dispatch as integers >= 1 (a one-line error otherwise)."""
+    try:
+        ks = [int(v) for v in values]
+    except ValueError:
+        ks = []
+    if not ks or min(ks) < 1:
+        raise InputBenchError(
+            f"--steps_per_dispatch must be integers >= 1 (e.g. 1,8), got {','.join(values)!r}"
+        )
+    return ks
 
 
 def markdown(measured: list[Measured], rows: list[Row], overhead: list) -> str:
@@ -279,20 +302,23 @@ def markdown(measured: list[Measured], rows: list[Row], overhead: list) -> str:
 
 
 def overhead_markdown(overhead: list) -> list[str]:
-    """The host-overhead table: measured per-step host time against 5% of each step."""
+    """The host-overhead table: measured host time per step, at each row's steps per
+    dispatch, against 5% of each step."""
     from launch.bench.input_overhead import BUDGET
 
     out = [
-        "| model | host batch (bytes) | state leaves | dispatch | host-to-device | logging / step "
-        f"| total | {BUDGET:.0%} of est. step ({' / '.join(overhead[0].budgets_s)}) | within "
+        "| model | steps per dispatch | host batch (bytes) | state leaves | dispatch | "
+        "host-to-device | logging / step | total | "
+        f"{BUDGET:.0%} of est. step ({' / '.join(overhead[0].budgets_s)}) | within "
         "| steps per dispatch to fit |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in overhead:
         budgets = " / ".join(f"{b * 1e6:.0f} us" for b in o.budgets_s.values())
         within = "yes" if all(o.total_s <= b for b in o.budgets_s.values()) else "**no**"
         out.append(
-            f"| {o.model} | {o.host_batch} ({o.batch_bytes / 2**20:.1f} MiB) | {o.state_leaves} | "
+            f"| {o.model} | {o.steps_per_dispatch} | {o.host_batch} "
+            f"({o.batch_bytes / 2**20:.1f} MiB) | {o.state_leaves} | "
             f"{o.dispatch_s * 1e6:.0f} us | {o.transfer_s * 1e6:.0f} us | "
             f"{o.logging_s * 1e6:.0f} us | {o.total_s * 1e6:.0f} us | {budgets} | {within} | "
             f"{o.steps_per_call} |"
@@ -343,7 +369,8 @@ def run(argv: list[str]) -> None:
         for model in models:
             steps = {g: table[(model, g)].step_ms / 1e3 for g in generations}
             batch = max(r.host_batch for r in rows if r.model == model)
-            overhead.append(measure_overhead(model, batch, OVERHEAD_STEPS.value, steps))
+            for k in dispatch_steps(STEPS_PER_DISPATCH.value):
+                overhead.append(measure_overhead(model, batch, OVERHEAD_STEPS.value, steps, k))
     if AS_JSON.value:
         print(json.dumps(as_json(list(measured.values()), rows, overhead), indent=2))
     else:

@@ -8,6 +8,12 @@ the real config's signature: its train-state tree (every leaf, a scalar on every
 the real mesh layout, so the dispatch handles as many buffers), the host batch at the
 `mlperf_v07` shapes and dtypes, and a dict of scalar metrics. Its own device time is
 negligible, so what is timed is the host's work.
+
+At `steps_per_dispatch` k > 1 (`train.steps_per_dispatch`, mlperf/dispatch.py) the loop's
+own multi-step path is timed: `PhaseRun.fetch` and `PhaseRun.global_batch` take k host
+batches, stack them and assemble them in one transfer, and the stub runs k times in one
+program (`mlperf.steps.scan_steps`, as the trainer wraps the real step); the figures are
+per step, so they show what k saves.
 """
 
 from __future__ import annotations
@@ -37,16 +43,20 @@ class Overhead:
     transfer_s: float
     logging_s: float  # a metrics fetch and line every log_every_steps, per step
     budgets_s: dict[str, float]  # BUDGET x the estimated step, per generation
+    steps_per_dispatch: int = 1  # train steps each timed dispatch ran
 
     @property
     def total_s(self) -> float:
+        """Host seconds per train step."""
         return self.dispatch_s + self.transfer_s + self.logging_s
 
     @property
     def steps_per_call(self) -> int:
         """Train steps one dispatch would have to run for this host work to fit the
-        tightest budget (1: it fits as it is)."""
-        return max(1, math.ceil(self.total_s / min(self.budgets_s.values())))
+        tightest budget (1: it fits as it is), taking the host work of one dispatch as
+        measured at this row's steps per dispatch."""
+        per_dispatch = self.total_s * self.steps_per_dispatch
+        return max(1, math.ceil(per_dispatch / min(self.budgets_s.values())))
 
 
 def _stub_state(abstract, sharding):
@@ -61,12 +71,19 @@ def _stub_state(abstract, sharding):
     return jax.tree.map(leaf, abstract)
 
 
-def measure_overhead(model: str, host_batch: int, steps: int, step_s: dict[str, float]) -> Overhead:
-    """Times `steps` stubbed loop steps of the model's `mlperf_v07` config on this
-    process's devices, at `host_batch` rows (rounded up to the batch's split)."""
+def measure_overhead(
+    model: str, host_batch: int, steps: int, step_s: dict[str, float], steps_per_dispatch: int = 1
+) -> Overhead:
+    """Times `steps` stubbed loop steps (rounded up to whole dispatches of
+    `steps_per_dispatch`) of the model's `mlperf_v07` config on this process's devices, at
+    `host_batch` rows (rounded up to the batch's split)."""
+    import itertools
+
     import jax
     import jax.numpy as jnp
 
+    from mlperf.loop import PhaseRun, last_step
+    from mlperf.steps import scan_steps
     from mlperf.trainer import build_trainer
 
     config = mlperf_config(model)
@@ -88,39 +105,46 @@ def measure_overhead(model: str, host_batch: int, steps: int, step_s: dict[str, 
         )
         return state, {name: first for name in _METRICS}  # fmt: skip
 
+    k = steps_per_dispatch
     step = jax.jit(
-        stub_step,
+        stub_step if k == 1 else scan_steps(stub_step),
         in_shardings=(state_shardings, None, rep),
         out_shardings=(state_shardings, rep),
         donate_argnums=(0,),
     )
+    # The loop's input path: k host batches taken, stacked and assembled in one transfer.
+    pr = PhaseRun(trainer.phases[0], layout, itertools.repeat(host), [], step, steps_per_dispatch=k)
     key = jax.device_put(jax.random.key(0), rep)
     log_every = int(config.train.log_every_steps)
     sink = io.StringIO()
     parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0}
-    for i in range(steps + 3):  # three warm-up steps compile and settle
+    dispatches = -(-steps // k)
+    for i in range(dispatches + 3):  # three warm-up dispatches compile and settle
         if i == 3:
             jax.block_until_ready(state)
             parts = dict.fromkeys(parts, 0.0)
         t0 = time.perf_counter()
-        batch = p.host_to_global(host, layout)
+        pr.fetch()
+        batch = pr.global_batch(p)
         t1 = time.perf_counter()
         state, metrics = step(state, batch, key)
         t2 = time.perf_counter()
         parts["transfer"] += t1 - t0
         parts["dispatch"] += t2 - t1
-        if (i + 1) % log_every == 0:
-            last = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            sink.write(" ".join(f"{k}={v:.4f}" for k, v in last.items()) + "\n")
+        if ((i + 1) * k) // log_every > (i * k) // log_every:  # a logged step in it
+            last = {name: last_step(v) for name, v in jax.device_get(metrics).items()}
+            sink.write(" ".join(f"{name}={v:.4f}" for name, v in last.items()) + "\n")
             parts["logging"] += time.perf_counter() - t2
     jax.block_until_ready(state)
+    timed = dispatches * k
     return Overhead(
         model=model,
         host_batch=rows,
         batch_bytes=sum(a.nbytes for a in host.values()),
         state_leaves=len(jax.tree.leaves(state)),
-        dispatch_s=parts["dispatch"] / steps,
-        transfer_s=parts["transfer"] / steps,
-        logging_s=parts["logging"] / steps,
+        dispatch_s=parts["dispatch"] / timed,
+        transfer_s=parts["transfer"] / timed,
+        logging_s=parts["logging"] / timed,
         budgets_s={g: BUDGET * s for g, s in step_s.items()},
+        steps_per_dispatch=k,
     )

@@ -46,6 +46,9 @@ class BertPrepared:
         return next(iter(self.data.values())).vocab_size
 
     @property
+    def step_samples_vary(self, phase: Phase) -> bool:
+        return self.packing(phase) is not None
+
     def num_eval_examples(self) -> int:
         return next(iter(self.data.values())).num_eval_examples
 
@@ -142,6 +145,9 @@ class BertTask(Task[BertPrepared]):
         if jax.process_count() > 1:
             count = int(np.sum(multihost_utils.process_allgather(np.int64(count))))
         return count
+
+    def step_samples_vary(self, phase: Phase) -> bool:
+        return self.packing(phase) is not None
 
     def num_eval_examples(self) -> int:
         return self.data.num_eval_examples

@@ -25,6 +25,9 @@ TRAJECTORY_NEUTRAL = (
     "checkpoint.",  # where, how often and how many checkpoints are written and kept
     "eval.",  # how evals decode and score (beam size, NMS thresholds)
     "train.log_every_steps",
+    # The same steps, k to a host dispatch: equal to float32 rounding, not bitwise
+    # (test_steps_per_dispatch.py); a resume must land on a multiple of the new k.
+    "train.steps_per_dispatch",
     "train.eval_batch_size",
     "data.cache_dir",
     "data.input_workers",

@@ -79,6 +79,10 @@ def test_bad_flag_is_a_one_line_error(tmp_path):
         bench_input.check_flags(["bert"], ["v9"])
     with pytest.raises(bench_input.InputBenchError, match="--tpu_table"):
         bench_input.read_tpu_table(str(tmp_path / "none.json"))
+    assert bench_input.dispatch_steps(["1", "8"]) == [1, 8]
+    for bad in (["0"], ["two"]):
+        with pytest.raises(bench_input.InputBenchError, match="--steps_per_dispatch must be"):
+            bench_input.dispatch_steps(bad)
 
 
 def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
@@ -91,3 +95,10 @@ def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
     assert o.budgets_s["v5p"] == pytest.approx(BUDGET * 0.02428)
     assert o.steps_per_call * o.budgets_s["v5p"] >= o.total_s
     assert o.steps_per_call == 1 or (o.steps_per_call - 1) * o.budgets_s["v5p"] < o.total_s
+    # The loop's multi-step dispatch (train.steps_per_dispatch): figures per step, the
+    # fit from the host work of one dispatch of 2 steps.
+    o2 = measure_overhead("bert", 8, 2, {"v3": 0.04385, "v5p": 0.02428}, steps_per_dispatch=2)
+    assert o2.steps_per_dispatch == 2 and o2.dispatch_s > 0 and o2.transfer_s > 0
+    assert o2.steps_per_call * o2.budgets_s["v5p"] >= 2 * o2.total_s
+    row = bench_input.overhead_markdown([o, o2])[-1]
+    assert row.startswith("| bert | 2 | 8 (") and row.endswith(f"| {o2.steps_per_call} |")
