@@ -46,9 +46,6 @@ class BertPrepared:
         return next(iter(self.data.values())).vocab_size
 
     @property
-    def step_samples_vary(self, phase: Phase) -> bool:
-        return self.packing(phase) is not None
-
     def num_eval_examples(self) -> int:
         return next(iter(self.data.values())).num_eval_examples
 
