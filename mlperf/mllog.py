@@ -7,14 +7,33 @@ Only process 0 writes (one log per run, as MLPerf requires); the others log noth
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
 
+import numpy as np
 from mlperf_logging.mllog import constants
 from mlperf_logging.mllog import mllog as mllog_impl
 
 RULESET = "0.7.0"
+
+
+def _numpy_as_python(obj: Any) -> Any:
+    """What mllog's own encoder makes of numpy values (it writes those)."""
+    if isinstance(obj, np.generic | np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _check_encodable(key: str, value: Any, metadata: dict | None) -> None:
+    """Raises TypeError for a value the log cannot hold: mllog itself writes a "Failed to
+    encode" line instead of the event, which the compliance checker then reports as a
+    missing key far from its cause."""
+    try:
+        json.dumps({"value": value, "metadata": metadata}, default=_numpy_as_python)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"MLPerf log event {key!r}: {value!r} is not JSON ({e})") from e
 
 
 class MlLog:
@@ -40,14 +59,17 @@ class MlLog:
 
     def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self.enabled:
+            _check_encodable(key, value, metadata)
             self._mllogger.event(key=key, value=value, metadata=metadata)
 
     def start(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self.enabled:
+            _check_encodable(key, value, metadata)
             self._mllogger.start(key=key, value=value, metadata=metadata)
 
     def end(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
         if self.enabled:
+            _check_encodable(key, value, metadata)
             self._mllogger.end(key=key, value=value, metadata=metadata)
 
     def submission_info(self, benchmark: str, platform: str, division: str = "open") -> None:

@@ -98,3 +98,29 @@ def test_a_log_shorter_than_the_checkpoint_says_so(tmp_path, capsys):
     again.resume(mllog_bytes=10**6, metrics_bytes=0)
     again.close()
     assert "fewer than the 1000000 it had at the checkpoint" in capsys.readouterr().out
+
+
+def test_a_value_the_mllog_cannot_encode_is_an_error_not_a_lost_event(tmp_path):
+    """mllog writes "Failed to encode" in place of such an event, and the compliance
+    checker then reports the key as missing; the log refuses it where it is logged."""
+    import pytest
+
+    from mlperf.mllog import MlLog
+
+    log = MlLog(str(tmp_path / "mllog.txt"))
+    log.event(keys.EVAL_SAMPLES, 383)
+    with pytest.raises(TypeError, match="'eval_samples'.*is not JSON"):
+        log.event(keys.EVAL_SAMPLES, object.__repr__)  # e.g. a method not called
+    lines = (tmp_path / "mllog.txt").read_text().splitlines()
+    assert len(lines) == 1 and '"value": 383' in lines[0]
+
+
+def test_numpy_values_are_logged_as_mllog_writes_them(tmp_path):
+    import numpy as np
+
+    from mlperf.mllog import MlLog
+
+    log = MlLog(str(tmp_path / "mllog.txt"))
+    log.event(keys.EVAL_ACCURACY, np.float32(0.5), metadata={"epoch_num": np.int64(3)})
+    line = (tmp_path / "mllog.txt").read_text()
+    assert '"value": 0.5' in line and '"epoch_num": 3' in line
