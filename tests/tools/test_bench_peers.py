@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+import mmap
 
-import numpy as np
 import pytest
 
 from launch.bench import peer_ceiling
@@ -56,7 +56,11 @@ def test_warm_up_lasts_while_a_side_grows_the_process_memory():
     def growing():
         calls["growing"] += 1
         if calls["growing"] <= 3:  # 8 MiB more resident memory, kept
-            kept.append(np.ones(2 << 20, np.float32))
+            # Fresh anonymous pages, written: an array could reuse freed heap that is
+            # already resident (glibc raises its mmap threshold after large frees).
+            pages = mmap.mmap(-1, 8 << 20)
+            pages.write(b"\x01" * (8 << 20))
+            kept.append(pages)
 
     def settled():
         return None
