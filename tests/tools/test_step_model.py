@@ -355,3 +355,37 @@ def test_the_planner_uses_the_generations_model_and_prints_its_band():
     text = search.table([v4])
     assert "step model (v4): roofline-eta" in text and "0.80-1.25x over 12" in text
     assert "| 12.3 ms |" in text
+
+
+def _olympic_mean_s(folder: str) -> float:
+    """An MLPerf result: the mean run_start..run_stop time of a system's runs without
+    the fastest and the slowest."""
+    times = []
+    for path in sorted(glob.glob(os.path.join(ROOT, folder, "result_*.txt"))):
+        with open(path) as f:
+            evs = events(f.read())
+        start = next(e["time_ms"] for e in evs if e["key"] == "run_start")
+        stop = next(e["time_ms"] for e in evs if e["key"] == "run_stop")
+        times.append((stop - start) / 1000)
+    times.sort()
+    return sum(times[1:-1]) / (len(times) - 2)
+
+
+@needs_logs
+def test_packed_bert_large_on_4096_v4_chips_is_estimated_under_googles_v20_result(
+    flops_per_example,
+):
+    """docs/results/bert-packing.md: 4096 packed rows (about 8192 sequences) on 4096 v4
+    chips, by the v4 model, against Google's v2.0 BERT result on those chips."""
+    published = _olympic_mean_s("v2.0/results/cloud-tpu-v4-8192-TF/bert")
+    assert published == pytest.approx(10.77, abs=0.005)
+    v4 = step_model.ROOFLINE_ETA["v4"]
+    bert = flops_per_example["bert"]
+    packed = step_model.roofline_eta_s(bert, 1, "bert", 4096, "v4", v4)
+    padded = step_model.roofline_eta_s(bert, 2, "bert", 4096, "v4", v4)
+    allreduce = step_model.allreduce_s("bert", 4096, "v4")
+    assert packed * 1e3 == pytest.approx(15.53, abs=0.005)
+    assert packed == pytest.approx(v4.fixed_s + allreduce)  # the all-reduce sets it
+    assert padded * 1e3 == pytest.approx(20.59, abs=0.005)
+    assert 560 * packed == pytest.approx(8.70, abs=0.005) and 560 * packed < published
+    assert 560 * padded == pytest.approx(11.53, abs=0.005) and 560 * padded > published
