@@ -4,10 +4,12 @@ the nearest chip count on each current generation, beside Google's published tim
 One row is one `python -m launch.inspect ... --json` run in its own process (with a
 timeout; a failed or timed-out compile keeps its error in its row), cached as JSON so
 that the table assembles from rows compiled one at a time. From each report the row
-derives memory per chip, FLOPs, collectives (with those over DCN), the step time of the
-planner's model (`parallel.costmodel.tpu_step_time`: the compiler's estimate, or the
-roofline plus ICI where libtpu gives none, plus DCN), MFU against the analytic FLOPs,
-time to train (steps x step), chip-hours and list-price dollars.
+derives memory per chip, FLOPs, collectives (with those over DCN), the roofline
+(`parallel.costmodel.tpu_step_time`) and the step time of the planner's model
+(`step_model.planned_step`: the compiler's estimate, else the generation's fitted model,
+else the roofline plus ICI; plus DCN), MFU against the analytic FLOPs, time to train
+(steps x step), chip-hours and list-price dollars; the step and what follows from it are
+taken from the row's own figures (launch/tables/tpu_step.py), as for a stored row.
 `python -m launch.bench.tpu` compiles rows into its cache; `python -m launch.tpu_table`
 keeps the summarised rows, each with the commit that compiled it, in the repository
 (docs/results/tpu-table-rows.json) and writes the page from them (launch/tables/tpu_page.py).
@@ -25,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launch.tables.tpu_step import ROOFLINE_ETA_METHOD, restep_row, roofline_method
 from mlperf.planning import step_model
-from mlperf.planning.reports import PUBLISHED_V07
 from mlperf.provenance import code_commit
 
 MODELS = ("bert", "transformer", "ssd", "maskrcnn")
@@ -55,23 +57,21 @@ SMALL = {
 }
 # Google's MLPerf v0.7 results on TPU v3 (mlcommons/training_results_v0.7, Google/), as
 # read for this table: per-step times derived from the result logs' markers (the
-# planner's figures, `mlperf.planning.reports.PUBLISHED_V07`).
+# planner's figures, `mlperf.planning.reports.PUBLISHED_V07`, which a v3 row's ratio of
+# its estimate to them takes: tpu_step).
 PUBLISHED = {
     "bert": {
-        "step_ms": PUBLISHED_V07["bert"]["step_s"] * 1e3,
         "text": "48.1 ms/step device pace (eval results 62 steps apart, median of 10 runs; "
         "block markers: 17.0 ms host dispatch pace)",
     },
     "transformer": {
-        "step_ms": PUBLISHED_V07["transformer"]["step_s"] * 1e3,
         "text": "~12.1 ms/step (276.5-step epochs in 3.35 s); BLEU 25 after 1,106-1,383 steps",
     },
     "ssd": {
-        "step_ms": PUBLISHED_V07["ssd"]["step_s"] * 1e3,
         "text": "10.6 ms/step device pace (eval results 5 epochs = 144 steps apart, median of "
         "5 runs; block markers: 6.1 ms host dispatch pace)",
     },
-    "maskrcnn": {"step_ms": None, "text": "8.1 min to train (TF, tpu-v3-1024)"},
+    "maskrcnn": {"text": "8.1 min to train (TF, tpu-v3-1024)"},
 }
 _OP = {
     "all-reduce": "AR",
@@ -309,10 +309,6 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         dcn_bandwidth=dcn_bw,
         dcn_wire_bytes=train.get("dcn_wire_bytes", 0.0 if spec.slices > 1 else None),
     )
-    step = step_model.planned_step(step, spec.generation)  # the planner's model
-    steps = steps_to_target(config)
-    seconds = steps * step.total_s
-    published = PUBLISHED.get(spec.model, {}).get("step_ms")
     row.update(
         flops_per_chip=train["flops_per_device"] * per_chip,
         flops_vs_analytic=train["flops_per_device"] * report["devices"] / analytic,
@@ -324,37 +320,26 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         dcn_collectives=train.get("dcn_collectives", {}),
         dcn_wire_bytes=train.get("dcn_wire_bytes", 0),
         gather_scatter=train.get("gather_scatter"),
-        step_s=step.total_s,
+        step_s=step.total_s,  # the compiler's estimate plus DCN, or the serial roofline
         step_bounds_s=(step.overlapped_s, step.serial_s),
         compiler_s=step.compiler_s,
         compiler_estimate=step.compiler_s is not None,
         dcn_s=step.dcn_s,
         step_method=_method(train, spec.generation),
-        mfu=analytic / (chips * chip.peak_flops * step.total_s),
-        steps=steps,
-        time_to_train_s=seconds,
-        chip_hours=chips * seconds / 3600,
-        dollars=chips * seconds / 3600 * chip.price_per_hour,
-        vs_published=(
-            step.total_s * 1e3 / published if published and spec.generation == "v3" else None
-        ),
+        steps=steps_to_target(config),
     )
-    return row
+    # The planner's step model on these figures, and what follows from the step: the
+    # same code that resteps a stored row (tpu_step).
+    return restep_row(row)
 
 
 def _method(train: dict[str, Any], generation: str) -> str:
     """Where a row's step time comes from (see `mlperf.inspection`, `step_model`)."""
     if "layer_step_s" in train:
         return "compiler, 1-2 layers extrapolated"
-    if "compiler_step_s" not in train and generation in step_model.ROOFLINE_ETA:
-        return f"{ROOFLINE_ETA_METHOD}: compiler estimate unusable"
     if "compiler_step_s" not in train:
-        return "roofline + ICI: compiler estimate unusable"
+        return roofline_method(generation)
     return "compiler + loops at peak" if "estimate_method" in train else "compiler"
-
-
-# The method of a row stepped by the generation's `roofline-eta` (step_model).
-ROOFLINE_ETA_METHOD = "roofline-eta"
 
 
 def _step_cell(row: dict[str, Any]) -> str:
@@ -402,7 +387,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
     if row.get("vs_published"):
         published += f"; est./published {row['vs_published']:.2f}"
     if row["generation"] not in step_model.VALIDATED:  # no measured run: no number
-        timing = ["not validated (no public measured run)", "-", str(row["steps"]), "-", "-", "-"]
+        # The planner's cells (mlperf.planning.search.table) for such a row.
+        timing = ["not validated", "-", str(row["steps"]), "not validated", "-", "-"]
     else:
         timing = [_step_cell(row), f"{100 * row['mfu']:.0f}%", str(row["steps"])]
         timing += [_time(row["time_to_train_s"]), f"{row['chip_hours']:.1f}"]
@@ -457,14 +443,17 @@ capacity: its message), the train step's FLOPs per chip (loops times trip count)
 their ratio to the analytic count, collectives (ops and result bytes: AR all-reduce, AG
 all-gather, RS reduce-scatter, CP collective-permute), those whose groups cross slices
 with the bytes each chip sends over DCN and their time at the host NIC's share, the
-gather/scatter count, the estimated step (the planner's `tpu_step_time`: the compiler's
-estimate, a scanned layer stack extrapolated from 1- and 2-layer compiles, or the
-roofline plus ICI where libtpu's estimate is unusable, plus DCN) with the roofline's
+gather/scatter count, the estimated step (the planner's: the compiler's estimate, a
+scanned layer stack extrapolated from 1- and 2-layer compiles, or where libtpu's estimate
+is unusable the generation's step model, v4's roofline-eta, else the roofline plus ICI;
+plus DCN) with the roofline's
 two figures beside it, ICI hidden behind compute ("overlapped") and after it ("serial";
 see [aot-and-planning](aot-and-planning.md#plan-comet-methodology)), MFU (analytic
 FLOPs over chips x peak x step), steps (`config.plan.steps_to_target`, else the step budget),
 time to train = steps x step, chip-hours and dollars at the list price
-(`parallel/hardware.py`), Google's published v0.7 figures for the v3 rows with the
+(`parallel/hardware.py`; on a generation with no measured run, the step and time to
+train read "not validated" and MFU, chip-hours and price "-", as in `launch.plan`'s
+table), Google's published v0.7 figures for the v3 rows with the
 ratio of the estimate to them, and the wall
 time of the row's command (its own process, alone on the machine).
 """

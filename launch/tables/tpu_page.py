@@ -4,8 +4,10 @@ The rows file (docs/results/tpu-table-rows.json) holds one summarised row per co
 (`launch.tables.tpu.summarise`), each with the date, commit, libtpu and jax of its
 compile. The page, header included, and the README's block of v3 rows are functions of
 that file alone, so a test regenerates both and compares them byte for byte. Compiled
-rows join the file only from a clean commit. No jax: it runs in a second (adding rows
-summarises them, which imports the configs).
+rows join the file only from a clean commit. A stored row whose step an earlier step
+model computed is stale: no page is written from it until `--restep` recomputes its step
+from its stored figures (`restep`, recording that in the row). No jax: it runs in a
+second (adding rows summarises them, which imports the configs).
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from launch.tables import tpu
+from launch.tables import tpu, tpu_step
 from launch.tables.results import ResultsTableError, replace_between_markers
+from mlperf.planning import step_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS_FILE = ROOT / "docs" / "results" / "tpu-table-rows.json"
@@ -83,6 +86,50 @@ def add_cached(rows: Sequence[dict[str, Any]], results: Sequence[dict]) -> list[
     return sorted(by_key.values(), key=_order)
 
 
+RESTEP = f"{COMMAND} --restep"
+
+
+def restep(rows: Sequence[dict[str, Any]], date: str) -> list[dict[str, Any]]:
+    """`rows` with each stale row's step (`tpu_step.stale`: an earlier step model's)
+    recomputed from its stored figures by `tpu_step.restep_row`, the code a compile takes
+    its step with. The row keeps its compile's provenance and gains `restepped`: when, by
+    which model, and that it was not recompiled."""
+    out = []
+    for row in rows:
+        if _stale(row):
+            row = tpu_step.restep_row(row)
+            row["restepped"] = (
+                f"{date}: step, MFU, time to train, chip-hours and price recomputed from the "
+                f"row's stored figures by {_model(row['generation'])} (`{RESTEP}`), "
+                "not recompiled"
+            )
+        out.append(row)
+    return sorted(out, key=_order)
+
+
+def _model(generation: str) -> str:
+    """`roofline-eta (6.6 ms + ...)`: the model a row without a compiler estimate takes."""
+    p = step_model.ROOFLINE_ETA.get(generation)
+    if p is None:
+        return "the roofline plus ICI"
+    return (
+        f"roofline-eta ({p.fixed_s * 1e3:.1f} ms + max(FLOPs at eta={p.eta:.2f} x peak, "
+        "HBM, ICI), then DCN)"
+    )
+
+
+def _stale(row: dict[str, Any]) -> bool:
+    try:
+        return tpu_step.stale(row)
+    except ValueError as e:
+        raise TpuTableError(f"{e} (a stored row's step is recomputed from them).") from e
+
+
+def stale_keys(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The keys of the rows whose step an earlier step model computed."""
+    return [row["key"] for row in rows if _stale(row)]
+
+
 def _rows_text(rows: Sequence[dict[str, Any]]) -> str:
     """`BERT on v3 and v4, SSD on v5e`: the models and generations of `rows`."""
     parts = []
@@ -125,6 +172,16 @@ def provenance(rows: Sequence[dict[str, Any]]) -> str:
             else (f"The rows of {_rows_text(recovered)} were")
         )
         text += f" {which} {_same(recovered, 'recovered') or 'read back from an earlier page'}."
+    restepped: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("restepped"):
+            restepped.setdefault(row["restepped"].split(":", 1)[0], []).append(row)
+    for date, members in sorted(restepped.items(), reverse=True):
+        text += (
+            f" The steps of {_rows_text(members)} (with MFU, time to train, chip-hours and "
+            f"price) were recomputed on {date} from the rows' stored figures by the current "
+            f"step model, not recompiled (`{RESTEP}`)."
+        )
     return text
 
 

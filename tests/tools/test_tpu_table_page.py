@@ -91,3 +91,49 @@ def test_cli_check_and_rewrite(rows, tmp_path):
     rows_file.write_text(json.dumps({"no rows": []}))
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert out.returncode != 0 and "not a readable TPU-table rows file" in out.stderr
+
+
+def test_rows_without_a_measured_run_print_the_planners_cells(rows):
+    """A generation with no measured run (v5p, v5e, v6e) prints no step, MFU, time to
+    train, chip-hours or price: the planner's cells for such a row (`search.table`)."""
+    from mlperf.planning import search, step_model
+
+    planner_row = {
+        "candidate": "v5e:4x4 model=1", "topology": "v5e:4x4", "memory_per_device": 1 << 30,
+        "fits": True, "step_s": 0.0123, "compute_s": 0.01, "memory_s": 0.004, "comm_s": 0.003,
+        "dcn_s": 0.0, "compiler_s": None, "mfu": 0.4, "time_to_train_s": 60.0,
+        "chip_hours": 0.3, "cost_usd": 0.4, "scaling_efficiency": 1.0,
+        "step_model": step_model.validation_label("v5e"), "validated": False,
+    }  # fmt: skip
+    planner = search.table([planner_row]).splitlines()[-1].split(" | ")
+    # step, MFU, time to train, chip-hours, price
+    expected = [planner[i] for i in (4, 10, 11, 12, 13)]
+    assert expected == ["not validated", "-", "not validated", "-", "-"]
+    lines = tpu_page.page(rows).splitlines()
+    unvalidated = [r for r in rows if r["generation"] not in step_model.VALIDATED]
+    assert {r["generation"] for r in unvalidated} == {"v5p", "v5e", "v6e"}
+    for row in unvalidated:
+        line = next(ln for ln in lines if ln.startswith(f"| {row['model']} | {row['topology']} "))
+        cells = line.split(" | ")
+        assert [cells[i] for i in (9, 10, 12, 13, 14)] == expected, row["key"]
+        assert f"{row['step_s'] * 1e3:.2f} ms" not in line and "$" not in line
+
+
+def test_stale_rows_are_refused_until_restepped(rows, tmp_path):
+    """A v4 row holding the plain roofline + ICI step (an earlier model's) writes no page;
+    `--restep` recomputes it from its figures and notes that in the row."""
+    rows_file, page = tmp_path / "rows.json", tmp_path / "page.md"
+    v4 = next(r for r in rows if r["key"] == "mlperf_v07-bert-v4")
+    stale = {k: v for k, v in v4.items() if k != "restepped"}
+    stale.update(step_s=0.06261, step_method="roofline + ICI: compiler estimate unusable")
+    tpu_page.save_rows([rows[0], stale], rows_file)
+    cmd = [sys.executable, "-m", "launch.tpu_table", f"--rows={rows_file}", f"--page={page}"]
+    cmd += ["--readme="]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "mlperf_v07-bert-v4" in out.stderr
+    assert "--restep" in out.stderr and not page.exists()
+    subprocess.run(cmd + ["--restep"], cwd=ROOT, capture_output=True, text=True, check=True)
+    restepped = tpu_page.load_rows(rows_file)[1]
+    assert restepped["step_s"] == pytest.approx(v4["step_s"]) and restepped["restepped"]
+    assert restepped["commit"] == v4["commit"] and restepped["date"] == v4["date"]
+    assert "44.05 ms (roofline-eta" in page.read_text()
