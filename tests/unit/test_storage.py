@@ -80,7 +80,9 @@ def test_a_local_copy_of_an_object_is_keyed_by_its_version(gcs, tmp_path, monkey
     assert second != first and storage.read_text(second).endswith("three\n")
 
 
-def test_store_faults_are_one_line(gcs):
+def test_store_faults_are_one_line(gcs, monkeypatch):
+    # A short bound per store call: gcsfs's own retries would take about half a minute.
+    monkeypatch.setenv("MULTIPOD_STORE_TIMEOUT_S", "5")
     with pytest.raises(FileNotFoundError):
         storage.read_bytes("gs://multipod-test/absent")
     gcs.stop()
