@@ -22,9 +22,10 @@ the target only after that save; the MLPerf log events follow this order.
 
 With `train.steps_per_dispatch` = k > 1 (mlperf/dispatch.py) one call of the compiled
 step runs k steps on k stacked batches: the counters, samples and progress advance step
-by step, and the hooks run once the dispatch's last step is counted, which is where every
-step they act at falls (the config check before anything is built makes sure). The
-profile window then spans the dispatches holding its steps.
+by step, and the hooks run once the dispatch's last step is counted. Every step they act
+at ends a dispatch: single steps run up to a phase end or an eval closer than k steps,
+and the config check before anything is built makes sure of the logging and checkpoint
+cadences. The profile window then spans the dispatches holding its steps.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from mlperf.checkpoint import (
     plain_config,
 )
 from mlperf.checkpoint.manager import all_hosts_ok
-from mlperf.dispatch import stack_batches
+from mlperf.dispatch import dispatch_length, stack_batches
 from mlperf.eval_schedule import eval_schedule
 from mlperf.evaluate import Evaluator
 from mlperf.goodput import Goodput, LoopLedger
@@ -64,10 +65,12 @@ from parallel.partition import DataLayout, Partitioner
 
 @dataclasses.dataclass
 class PhaseRun:
-    """One phase, ready to run: its data layout, iterator, next input, compiled step.
+    """One phase, ready to run: its data layout, iterator, next input, compiled steps.
 
     `step_fn` runs `steps_per_dispatch` steps a call (mlperf/dispatch.py): one step on a
-    host batch, or several on that many batches stacked on a leading axis."""
+    host batch, or several on that many batches stacked on a leading axis. Where a mark
+    (`dispatch.marks`: a phase end, an eval) comes sooner than that, the dispatch is one
+    step of `single_fn`, the one-step program."""
 
     phase: Phase
     layout: DataLayout
@@ -76,16 +79,28 @@ class PhaseRun:
     step_fn: Any
     done: int = 0  # steps of this phase already trained (a resumed run starts past 0)
     steps_per_dispatch: int = 1
+    single_fn: Any = None  # the one-step program, where some dispatch needs it
+    first_step: int = 0  # global steps before this phase
+    marks: tuple[int, ...] = ()  # global steps a dispatch must end at
 
     def fetch(self) -> None:
         """Takes the next dispatch's host batches from the iterator."""
-        self.pending = [next(self.iterator) for _ in range(self.steps_per_dispatch)]
+        n = dispatch_length(self.first_step + self.done, self.steps_per_dispatch, self.marks)
+        self.pending = [next(self.iterator) for _ in range(n)]
 
     def global_batch(self, partitioner: Partitioner) -> dict[str, jax.Array]:
         """The pending host batches as the step function's global input: one transfer."""
-        if self.steps_per_dispatch == 1:
+        if len(self.pending) == 1:
             return partitioner.host_to_global(self.pending[0], self.layout)
         return partitioner.host_steps_to_global(stack_batches(self.pending), self.layout)
+
+    def program(self):
+        """The compiled program for the pending batches."""
+        if len(self.pending) == self.steps_per_dispatch:
+            return self.step_fn
+        if self.single_fn is None:  # dispatch.needs_single_steps said none would be
+            raise RuntimeError(f"no one-step program for the dispatch at step {self.done}")
+        return self.single_fn
 
 
 def last_step(value) -> float:
@@ -387,7 +402,7 @@ class TrainLoop:
                 steps = range(self.s.step, self.s.step + len(samples))
                 for step in steps:
                     self.hooks.run_before(step)
-                state, metrics = pr.step_fn(state, batch, key)
+                state, metrics = pr.program()(state, batch, key)
                 for step in steps:
                     self.hooks.run_dispatched(step, metrics)
                 for step_samples in samples:

@@ -167,10 +167,12 @@ def initialise(
 
 def prepare_phases(trainer: Trainer, start: RunStart, goodput: Goodput) -> list[PhaseRun]:
     """Each phase's data iterator (at the restored position) and compiled train step (of
-    `train.steps_per_dispatch` steps a call)."""
+    `train.steps_per_dispatch` steps a call, and of one step where a dispatch must be
+    shorter: `dispatch.marks`)."""
     k = dispatch.steps_per_dispatch(trainer.config)
-    dispatch.check_resume_step(trainer.config, start.resumed_step)  # before compiling
+    marks = dispatch.marks(trainer.config, trainer.task) if k > 1 else ()
     phase_runs = []
+    first_step = 0
     for i, phase in enumerate(trainer.phases):
         layout = trainer.partitioner.data_layout(phase.global_batch_size)
         with goodput.timing("data_prep_s"):
@@ -181,12 +183,20 @@ def prepare_phases(trainer: Trainer, start: RunStart, goodput: Goodput) -> list[
             )
         with goodput.timing("compile_s"):
             step_fn = trainer.lower_train_step(phase, steps=k).compile()
-        pr = PhaseRun(phase, layout, iterator, [], step_fn, steps_per_dispatch=k)
+        pr = PhaseRun(
+            phase, layout, iterator, [], step_fn, steps_per_dispatch=k,
+            first_step=first_step, marks=marks,
+        )  # fmt: skip
         with goodput.timing("data_prep_s"):
             pr.done = resume_position(start.restored, i, phase.steps, iterator)
-            if pr.done < phase.steps:
+        if dispatch.needs_single_steps(k, marks, first_step + pr.done, first_step + phase.steps):
+            with goodput.timing("compile_s"):
+                pr.single_fn = trainer.lower_train_step(phase).compile()
+        if pr.done < phase.steps:
+            with goodput.timing("data_prep_s"):
                 pr.fetch()
         phase_runs.append(pr)
+        first_step += phase.steps
     return phase_runs
 
 

@@ -26,7 +26,8 @@ TRAJECTORY_NEUTRAL = (
     "eval.",  # how evals decode and score (beam size, NMS thresholds)
     "train.log_every_steps",
     # The same steps, k to a host dispatch: equal to float32 rounding, not bitwise
-    # (test_steps_per_dispatch.py); a resume must land on a multiple of the new k.
+    # (test_steps_per_dispatch.py); a resume at any step runs single steps up to the
+    # next mark where it needs to (mlperf/dispatch.py).
     "train.steps_per_dispatch",
     "train.eval_batch_size",
     "data.cache_dir",

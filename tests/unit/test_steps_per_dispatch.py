@@ -4,7 +4,9 @@ A whole run at k = 4 logs the losses and evals of the k = 1 run at the same step
 ends at its parameters (to float32 rounding, dropout on), and resumes exactly from its
 checkpoint; the stacked input is one transfer of each step's rows; values the loop's
 hooks could not honour are one-line ConfigErrors before anything is built; packed BERT
-rows run their evals at the first dispatch boundary past the due sample count.
+rows run their evals at the first dispatch boundary past the due sample count; phase
+ends and evals off the k-step grid run at the steps k = 1 runs them, single steps around
+them, and a checkpoint off the grid resumes.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import numpy as np
 import pytest
 from conftest import small_bert_config, synthetic_bert_batch
 
+from mlperf import dispatch
 from mlperf.checkpoint import committed_steps
-from mlperf.dispatch import check_resume_step, stack_batches
+from mlperf.dispatch import dispatch_length, stack_batches
 from mlperf.eval_schedule import DueEval, due_evals
 from mlperf.task import Phase
 from mlperf.validate import ConfigError, validate
@@ -63,23 +66,14 @@ def _check(**overrides):
         ({"train.steps_per_dispatch": 0}, "train.steps_per_dispatch=0 must be an integer >= 1"),
         ({"train.steps_per_dispatch": -2}, "train.steps_per_dispatch=-2 must be an integer >= 1"),
         (
-            {"train.steps_per_dispatch": 4, "train.steps": 10, "train.log_every_steps": 2},
-            "train.steps_per_dispatch=4: train.steps=10 is not a multiple of 4 (the loop's "
-            "hooks run between dispatches); use train.steps_per_dispatch=2, the largest",
-        ),
-        (
             {"train.steps_per_dispatch": 4, "train.log_every_steps": 6},
-            "train.steps_per_dispatch=4: train.log_every_steps=6 is not a multiple of 4",
+            "train.steps_per_dispatch=4: train.log_every_steps=6 is not a multiple of 4 (the "
+            "progress line and the checkpoints are written between dispatches); use "
+            "train.steps_per_dispatch=6, the largest",
         ),
         (
             {"train.steps_per_dispatch": 4, "checkpoint.every_steps": 2},
             "train.steps_per_dispatch=4: checkpoint.every_steps=2 is not a multiple of 4",
-        ),
-        (
-            # 16-row steps: an eval every 32 samples falls after steps 2, 4, 6 and 8.
-            {"train.steps_per_dispatch": 4, "train.eval_every_samples": 32},
-            "train.steps_per_dispatch=4: the eval due at 32 samples "
-            "(train.eval_every_samples=32) falls after step 2, which is not a multiple of 4",
         ),
     ],
 )
@@ -89,15 +83,51 @@ def test_bad_values_are_one_line_errors_naming_the_value_to_change(overrides, me
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_values_the_hooks_can_honour_pass():
+def test_phase_ends_and_evals_off_the_grid_pass():
     _check(**{"train.steps_per_dispatch": 4, "train.eval_every_samples": 64})
     _check(**{"train.steps_per_dispatch": 4, "checkpoint.every_steps": 8})
-    # Evals due inside steps (36, 72, 108 samples: during steps 3, 5, 7) run at the first
-    # boundary past them, as k = 1 runs them after the first step past them.
+    # The loop runs single steps up to a phase end or an eval inside a stretch of k.
+    _check(**{"train.steps_per_dispatch": 4, "train.steps": 10})
+    _check(**{"train.steps_per_dispatch": 4, "train.eval_every_samples": 32})
     _check(**{"train.steps_per_dispatch": 4, "train.eval_every_samples": 36})
     # Packed rows: the step an eval falls at is known only while training.
     _check(**{"train.steps_per_dispatch": 4, "train.eval_every_samples": 32,
               "data.packing.enabled": True})  # fmt: skip
+
+
+def _lengths(start: int, stop: int, k: int, ends: tuple[int, ...]) -> list[int]:
+    out, step = [], start
+    while step < stop:
+        out.append(dispatch_length(step, k, ends))
+        step += out[-1]
+    return out
+
+
+def test_dispatches_fill_the_k_grid_and_run_single_steps_around_marks():
+    # Marks at 6 (an eval) and 10 (the phase end), k = 4: steps 1-4 in one dispatch, then
+    # single steps 5, 6 (the eval), 7, 8, and single steps 9, 10 to the end.
+    assert _lengths(0, 10, 4, (6, 10)) == [4, 1, 1, 1, 1, 1, 1]
+    assert dispatch.needs_single_steps(4, (6, 10), 0, 10)
+    # Marks on the grid: k-step dispatches only; no one-step program is compiled.
+    assert _lengths(0, 12, 4, (8, 12)) == [4, 4, 4]
+    assert not dispatch.needs_single_steps(4, (8, 12), 0, 12)
+    # A resume off the grid (step 6): single steps to 8, then whole dispatches.
+    assert _lengths(6, 16, 4, (16,)) == [1, 1, 4, 4]
+    assert dispatch.needs_single_steps(4, (16,), 6, 16)
+    assert _lengths(0, 5, 1, (3, 5)) == [1] * 5
+
+
+def test_marks_are_phase_ends_and_the_steps_evals_follow():
+    from mlperf.trainer import build_trainer
+
+    config = small_bert_config(**{"train.steps": 10, "train.eval_every_samples": 36})
+    task = build_trainer(config, prepare_data=False).task
+    # 16-row steps: evals due at 36, 72, 108, 144 samples follow steps 3, 5, 7, 9.
+    assert dispatch.marks(config, task) == (3, 5, 7, 9, 10)
+    packed = small_bert_config(**{"train.steps": 10, "train.eval_every_samples": 36,
+                                  "data.packing.enabled": True})  # fmt: skip
+    task = build_trainer(packed, prepare_data=False).task
+    assert dispatch.marks(packed, task) == (10,)  # packed evals: after the dispatch past
 
 
 def test_due_evals_name_the_step_each_eval_follows():
@@ -118,15 +148,6 @@ def test_due_evals_name_the_step_each_eval_follows():
         DueEval(200, 11, 224),
         DueEval(240, 12, 256),
     ]
-
-
-def test_a_resume_off_a_dispatch_boundary_is_refused_before_compiling():
-    config = small_bert_config(**{"train.steps_per_dispatch": 4})
-    check_resume_step(config, None)
-    check_resume_step(config, 8)
-    with pytest.raises(ConfigError, match="checkpoint resumed is at step 6, not a multiple of 4; "
-                       "resume with train.steps_per_dispatch=2"):  # fmt: skip
-        check_resume_step(config, 6)
 
 
 def test_a_changed_or_absent_value_is_trajectory_neutral_on_resume():
@@ -248,3 +269,83 @@ def test_packed_rows_run_their_evals_at_the_first_dispatch_boundary_past_the_due
         assert samples_at[r["step"]] >= due > samples_at[r["step"] - k]
         while due <= r["samples"]:
             due += every
+
+
+# ---- marks off the grid: single steps around them ------------------------------------
+
+OFF_GRID = {
+    **RUN,
+    "train.steps": 3 * K,  # 12 steps of 16 rows
+    "train.eval_every_samples": 96,  # one eval after step 6, inside the stretch 5-8
+}
+
+
+@pytest.fixture(scope="module")
+def off_grid(tmp_path_factory):
+    """The same 12-step run at k = 1 (a checkpoint every 2 steps) and at k = 4 (steps
+    1-4 in one dispatch, 5 to 8 single, 9-12 in one): (config, workdir, result, state)."""
+    from mlperf import train
+
+    out = {}
+    for k in (1, K):
+        settings = {**OFF_GRID, "checkpoint.enabled": k == 1, "checkpoint.every_steps": 2,
+                    "train.steps_per_dispatch": k}  # fmt: skip
+        config = small_bert_config(**settings)
+        workdir = tmp_path_factory.mktemp(f"off_grid_k{k}")
+        final = []
+        trained = train.train
+
+        def keep(init, loop, trained=trained, final=final):
+            final.append(trained(init, loop))
+            return final[-1]
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(train, "train", keep)
+            result = train.run(config, str(workdir))
+        out[k] = (config, workdir, result, final[0])
+    return out
+
+
+def _same_run(dir1, dir4, state1, state4) -> None:
+    train1, train4 = _records(dir1, "train"), _records(dir4, "train")
+    assert [r["step"] for r in train4] == [r["step"] for r in train1] == [4, 8, 12]
+    for key in ("loss", "learning_rate", "grad_norm"):
+        np.testing.assert_allclose([r[key] for r in train4], [r[key] for r in train1], rtol=2e-5)
+    eval1, eval4 = _records(dir1, "eval"), _records(dir4, "eval")
+    assert [r["step"] for r in eval4] == [r["step"] for r in eval1] == [6, 12]
+    np.testing.assert_allclose(
+        [r["mlm_accuracy"] for r in eval4], [r["mlm_accuracy"] for r in eval1], atol=1e-6
+    )
+    for got, want in zip(_leaves(state4["params"]), _leaves(state1["params"]), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_eval_off_the_grid_runs_at_the_step_k1_runs_it(off_grid):
+    (_, dir1, result1, state1), (_, dir4, result4, state4) = off_grid[1], off_grid[K]
+    assert result1.steps == result4.steps == 3 * K
+    _same_run(dir1, dir4, state1, state4)
+
+
+def test_a_k1_checkpoint_off_the_grid_resumes_at_k4(off_grid, tmp_path):
+    from mlperf import train
+
+    config1, reference, _, state1 = off_grid[1]
+    workdir = tmp_path / "resumed"
+    shutil.copytree(reference, workdir)
+    for step in (8, 10, 12):  # as if stopped after step 6's save
+        shutil.rmtree(workdir / "checkpoints" / str(step))
+    config = small_bert_config(**{**OFF_GRID, "checkpoint.enabled": True,
+                                  "checkpoint.every_steps": 4,
+                                  "train.steps_per_dispatch": K})  # fmt: skip
+    final = []
+    trained = train.train
+
+    def keep(init, loop):
+        final.append(trained(init, loop))
+        return final[-1]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(train, "train", keep)
+        got = train.run(config, str(workdir))
+    assert got.resumed_from_step == 6 and got.steps == 3 * K
+    _same_run(reference, workdir, state1, final[0])
