@@ -27,7 +27,7 @@ from absl import logging
 from PIL import Image, ImageDraw
 
 from input_pipeline.detection_augment import IMAGENET_MEAN, IMAGENET_STD, Instances, decode_image
-from input_pipeline.grain_pipeline import GlobalOrderHostRows, ToNumpy
+from input_pipeline.grain_pipeline import GlobalOrderHostRows, ToNumpy, image_read_options
 from input_pipeline.input_errors import InputError
 
 
@@ -225,6 +225,7 @@ def train_loader(
         sampler=sampler,
         operations=[TrainAugment(p), ToNumpy(dtypes), grain.Batch(host_batch_size, True)],
         worker_count=worker_count,
+        read_options=image_read_options(host_batch_size),
     )
 
 

@@ -14,7 +14,11 @@ import grain.python as grain
 import numpy as np
 
 from input_pipeline.detection_augment import eval_view, ssd_train_augment
-from input_pipeline.grain_pipeline import GlobalOrderHostRows, padded_eval_batches
+from input_pipeline.grain_pipeline import (
+    GlobalOrderHostRows,
+    image_read_options,
+    padded_eval_batches,
+)
 from input_pipeline.input_errors import InputError
 from mlperf.ssd.boxes import BoxEncoder
 
@@ -86,6 +90,7 @@ def train_loader(
         sampler=sampler,
         operations=[grain.Batch(host_batch_size, drop_remainder=True)],
         worker_count=worker_count,
+        read_options=image_read_options(host_batch_size),
     )
 
 

@@ -103,6 +103,9 @@ def test_train_loader_batches_have_the_example_spec():
     for name, (shape, dtype) in example_spec(p, train=True).items():
         assert batch[name].shape == (2, *shape) and batch[name].dtype == np.dtype(dtype), name
     assert (batch["gt_classes"][:, 0] > 0).all()
+    # Augmented images are large: the loader reads a few batches ahead, not grain's
+    # default 500 elements (11 GB of 1344 x 1344 float32 images).
+    assert loader._read_options.prefetch_buffer_size == 16
 
 
 def test_empty_training_set_is_a_clear_error():
