@@ -75,9 +75,13 @@ def _step_report(
     peak_flops: float | None = None,
     slice_of: list[int] | None = None,
     hbm_bandwidth: float | None = None,
+    coords: list[tuple[int, ...]] | None = None,
+    max_dims: int = 1,
 ) -> dict[str, Any]:
     """The report of one compiled step; `slice_of` (the slice of each mesh position)
-    adds the collectives that cross slices over DCN (`parallel.dcn`)."""
+    adds the collectives that cross slices over DCN (`parallel.dcn`), `coords` (each
+    mesh position's torus coordinates) the ring-equivalent ICI bytes, each collective's
+    bytes over the torus dimensions it spans, at most `max_dims` (`parallel.ici_links`)."""
     from parallel.aot import compiled_stats
 
     if compiled is None:
@@ -118,6 +122,12 @@ def _step_report(
         from parallel.dcn import dcn_collectives
 
         report.update(dcn_collectives(compiled.as_text(), slice_of))
+    if coords is not None:
+        from parallel.ici_links import ring_equivalent_wire_bytes
+
+        report["ici_ring_bytes_per_device"] = ring_equivalent_wire_bytes(
+            compiled.as_text(), coords, max_dims
+        )
     if stats.get("optimal_seconds", 1.0) <= 0:
         # libtpu 0.0.42's estimate for a v4 megacore program is negative (BERT-large on
         # v4:16x16x16: -12 s): unusable. The step is then the roofline of the compiled
@@ -343,10 +353,17 @@ def inspect_config(
     mesh = trainer.partitioner.mesh
     slice_of = [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat]
     slice_of = slice_of if len(set(slice_of)) > 1 else None
+    torus = {}
+    if topo is not None:
+        from parallel.ici_links import mesh_coords
+
+        torus = {"coords": mesh_coords(mesh), "max_dims": max(topo.chip.links // 2, 1)}
     peak = topo.chip.peak_flops / topo.devices_per_chip if topo is not None else None
     hbm_bw = topo.chip.hbm_bandwidth / topo.devices_per_chip if topo is not None else None
     compiled_train = _compile(lambda: trainer.lower_train_step(phase))
-    train = _step_report(*compiled_train, peak_flops=peak, slice_of=slice_of, hbm_bandwidth=hbm_bw)
+    train = _step_report(
+        *compiled_train, peak_flops=peak, slice_of=slice_of, hbm_bandwidth=hbm_bw, **torus
+    )
     if profile and compiled_train[1] is not None:
         train["profile"] = profile_step(compiled_train[1].as_text(), topo, profile)
     if layer_estimate and layer_loop(config.model) and "flops_per_device" in train:
@@ -413,6 +430,7 @@ def inspect_config(
             peak_flops=peak,
             slice_of=slice_of,
             hbm_bandwidth=hbm_bw,
+            **torus,
         )
     return report
 

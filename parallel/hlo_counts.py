@@ -10,6 +10,7 @@ one per input element, which is close to XLA's own count.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 
@@ -180,12 +181,16 @@ def hlo_flops(hlo_text: str, matmul_only: bool = False, loops_once: bool = False
     return _hlo_sum(hlo_text, lambda instr, defs: instr_flops(instr, defs, matmul_only), loops_once)
 
 
-def hlo_wire_bytes(hlo_text: str, loops_once: bool = False) -> float:
+def hlo_wire_bytes(
+    hlo_text: str, loops_once: bool = False, scale: Callable[[str], float] | None = None
+) -> float:
     """Ring wire bytes per device of every collective one execution of the module runs,
     each while body times its trip count: a scanned layer stack's per-layer collectives
     and a windowed einsum's permutes run once per iteration, where `hlo_op_stats`, like
     XLA's cost analysis, sees them once. The links of a chained collective
-    (`collective_chain`) share its bytes, so the chain sends them once per execution."""
+    (`collective_chain`) share its bytes, so the chain sends them once per execution.
+    `scale(instruction text)`, when given, weighs each collective's bytes
+    (`parallel.ici_links`: by the torus dimensions its group spans)."""
     links = chain_links(hlo_text)
 
     def wire(instr: dict, defs: dict[str, dict]) -> float:
@@ -201,7 +206,7 @@ def hlo_wire_bytes(hlo_text: str, loops_once: bool = False) -> float:
         chain = collective_chain(instr["text"])
         share = 1.0 / links[chain] if chain is not None else 1.0
         sent = wire_bytes(base, shape_bytes(type_text), replica_group_size(instr["text"]))
-        return share * sent
+        return share * sent * (scale(instr["text"]) if scale is not None else 1.0)
 
     return _hlo_sum(hlo_text, wire, loops_once)
 

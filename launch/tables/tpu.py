@@ -29,6 +29,7 @@ from typing import Any
 
 from launch.tables.tpu_step import ROOFLINE_ETA_METHOD, restep_row, roofline_method
 from mlperf.planning import step_model
+from mlperf.planning.search import ici_wire_bytes
 from mlperf.provenance import code_commit
 
 MODELS = ("bert", "transformer", "ssd", "maskrcnn")
@@ -293,14 +294,13 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
     phase = task.phases()[0]
     batch = phase.global_batch_size
     analytic = task.flops_per_example(phase) * batch  # per step, all chips
-    wire = train.get("collective_wire_bytes", {})
     dcn_bw = chip.dcn_bandwidth / per_chip
     step = costmodel.tpu_step_time(
         flops=train["flops_per_device"],
         # A scanned stack's HBM bytes from its unrolled 1- and 2-layer compiles, as the
         # planner takes them (the cost analysis sees the loop body once).
         bytes_accessed=train.get("layer_extrapolated", train)["bytes_accessed_per_device"],
-        wire_bytes=train.get("wire_bytes_per_device", sum(wire.values())),
+        wire_bytes=ici_wire_bytes(train),
         compiler_s=train.get("estimated_step_s") if "compiler_step_s" in train else None,
         peak_flops=chip.peak_flops / per_chip,
         hbm_bandwidth=chip.hbm_bandwidth / per_chip,

@@ -152,6 +152,15 @@ def candidates(config, topology: str, devices: int, full: bool, slices: int = 1)
 _STEP_FIELDS = ("flops_per_device", "bytes_accessed_per_device", "wire_bytes", "step_s", "memory")
 
 
+def ici_wire_bytes(train: dict[str, Any]) -> float:
+    """The compiled step's bytes for the ICI term: ring-equivalent (each collective's
+    over the torus dimensions its group spans, `parallel.ici_links`) where the report
+    has them, else every collective's ring bytes on one ring."""
+    if "ici_ring_bytes_per_device" in train:
+        return train["ici_ring_bytes_per_device"]
+    return train.get("wire_bytes_per_device", sum(train["collective_wire_bytes"].values()))
+
+
 def _step_fields(report: dict[str, Any]) -> dict[str, float] | None:
     """The planner's numbers of one compiled report (None if its step did not compile)."""
     train = report["train"]
@@ -160,9 +169,7 @@ def _step_fields(report: dict[str, Any]) -> dict[str, float] | None:
     fields = {
         "flops_per_device": train["flops_per_device"],
         "bytes_accessed_per_device": train["bytes_accessed_per_device"],
-        "wire_bytes": train.get(
-            "wire_bytes_per_device", sum(train["collective_wire_bytes"].values())
-        ),
+        "wire_bytes": ici_wire_bytes(train),
         "step_s": train.get("estimated_step_s"),
         "memory": report["bytes_per_device"]["total"],
     }
