@@ -327,6 +327,9 @@ def summarise(result: dict[str, Any]) -> dict[str, Any]:
         dcn_s=step.dcn_s,
         step_method=_method(train, spec.generation),
         steps=steps_to_target(config),
+        # Rows compiled before the ICI term counted the torus dimensions a collective
+        # spans lack the field: their ICI slot is every collective on one ring.
+        ici="links spanned" if "ici_ring_bytes_per_device" in train else "one ring",
     )
     # The planner's step model on these figures, and what follows from the step: the
     # same code that resteps a stored row (tpu_step).
@@ -352,6 +355,8 @@ def _step_cell(row: dict[str, Any]) -> str:
             text += f"; roofline {low:.2f} ms with ICI overlapped, {high:.2f} ms serial"
         else:  # the step is the serial figure
             text += f"; {low:.2f} ms with ICI overlapped"
+        if not row["compiler_estimate"] and row.get("ici") != "links spanned":
+            text += "; ICI: each collective on one ring"
     return text + ")"
 
 
