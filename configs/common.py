@@ -82,9 +82,9 @@ def train_block(**values: Any) -> ConfigDict:
         eval_batch_size=256,
         log_every_steps=10,
         # Train steps one host dispatch runs (mlperf/dispatch.py): the host's per-dispatch
-        # work is paid once per that many steps. Every step count the loop acts at (each
-        # phase's steps, log_every_steps, checkpoint.every_steps, whole-step evals) must
-        # be a multiple of it.
+        # work is paid once per that many steps. log_every_steps and
+        # checkpoint.every_steps must be multiples of it; around a phase end or an eval
+        # off its grid the loop runs single steps.
         steps_per_dispatch=1,
         target=0.0,
         stop_at_target=True,

@@ -44,6 +44,7 @@ class Overhead:
     logging_s: float  # a metrics fetch and line every log_every_steps, per step
     budgets_s: dict[str, float]  # BUDGET x the estimated step, per generation
     steps_per_dispatch: int = 1  # train steps each timed dispatch ran
+    stub_device_s: float = 0.0  # the stub program's own run, per step (not host work)
 
     @property
     def total_s(self) -> float:
@@ -117,7 +118,7 @@ def measure_overhead(
     key = jax.device_put(jax.random.key(0), rep)
     log_every = int(config.train.log_every_steps)
     sink = io.StringIO()
-    parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0}
+    parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0, "stub": 0.0}
     dispatches = -(-steps // k)
     for i in range(dispatches + 3):  # three warm-up dispatches compile and settle
         if i == 3:
@@ -126,9 +127,15 @@ def measure_overhead(
         t0 = time.perf_counter()
         pr.fetch()
         batch = pr.global_batch(p)
+        jax.block_until_ready(batch)
         t1 = time.perf_counter()
         state, metrics = step(state, batch, key)
         t2 = time.perf_counter()
+        # On XLA:CPU the "device" is this host's cores: the stub's own run (a scan over
+        # the stacked batch) would otherwise run under the next transfer's timing. A
+        # TPU runs it on the chip, so it is timed apart and not counted as host work.
+        jax.block_until_ready((state, metrics))
+        parts["stub"] += time.perf_counter() - t2
         parts["transfer"] += t1 - t0
         parts["dispatch"] += t2 - t1
         if ((i + 1) * k) // log_every > (i * k) // log_every:  # a logged step in it
@@ -145,6 +152,7 @@ def measure_overhead(
         dispatch_s=parts["dispatch"] / timed,
         transfer_s=parts["transfer"] / timed,
         logging_s=parts["logging"] / timed,
+        stub_device_s=parts["stub"] / timed,
         budgets_s={g: BUDGET * s for g, s in step_s.items()},
         steps_per_dispatch=k,
     )

@@ -41,6 +41,11 @@ def test_tiny_rows_compile_cache_and_render(tmp_path):
     assert rows[1]["mesh"] == "data=1,model=4" and "--mesh=data=-1,model=4" in rows[1]["note"]
     cached = json.loads((tmp_path / "rows" / "tiny-bert-v4.json").read_text())
     assert cached["rc"] == 0 and cached["report"]["device_kind"] == "TPU v4"
+    # The model axis's 4 chips span two torus dimensions of v4:2x2x1: the ICI term counts
+    # their collectives' bytes over both dimensions' links (parallel/ici_links.py).
+    train = cached["report"]["train"]
+    assert rows[1]["ici"] == "links spanned"
+    assert 0 < train["ici_ring_bytes_per_device"] < train["wire_bytes_per_device"]
     # The cache answers without compiling; a row that is not cached is marked, not built.
     again = bench_tpu.run(["bert"], ["v3", "v4", "v6e"], "tiny", cache, 600, False)
     assert [r["step_s"] for r in again[:2]] == [r["step_s"] for r in rows]
