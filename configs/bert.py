@@ -326,6 +326,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
                 decay_steps=560,
             )
             c.train.update(global_batch_size=8192, steps=560, eval_batch_size=8192)
+            # Ten steps per host dispatch: the host's work per step measured under 5% of
+            # the estimated TPU step on v3, v4 and v5p (docs/results/input-per-host.md).
+            c.train.steps_per_dispatch = 10
             # Step time (docs/performance.md "TPU step time"): the layers' parameters stay
             # stacked (one leaf per kind: few, large updates and collectives), but the
             # scan is unrolled whole (scan_unroll=0), so no loop stores each layer's

@@ -221,6 +221,10 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             eval_batch_size=256,
             target=0.377,
             mask_target=0.339,
+            # 5 steps per host dispatch: the 616-leaf state's dispatch paid once per 5
+            # steps; 5 stacked host batches of 1344 x 1344 images are 0.2 GiB
+            # (docs/results/input-per-host.md).
+            steps_per_dispatch=5,
         )
         c.data.update(data_dir="", image_size=1344, max_instances=100, mask_size=112)
         # COCO 2017's 80 classes: the prepared data's count wins; this lets launch.inspect

@@ -206,5 +206,8 @@ def get_config(arg: str = "tiny") -> ConfigDict:
             eval_every_samples=117266 * 5,
             eval_batch_size=4096,
             target=0.23,
+            # 10 steps per host dispatch (one per progress line): the 440-leaf state's
+            # dispatch paid once per 10 steps (docs/results/input-per-host.md).
+            steps_per_dispatch=10,
         )
     return c

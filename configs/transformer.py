@@ -244,6 +244,9 @@ def get_config(arg: str = "tiny") -> ConfigDict:
                 # 4096 rows hold newstest2014's 3003 sentences); it splits over data=2048.
                 eval_batch_size=4096,
                 target=25.0,
+                # 50 steps per host dispatch (one per progress line): the 558-leaf
+                # state's dispatch paid once per 50 steps (docs/results/input-per-host.md).
+                steps_per_dispatch=50,
             )
             c.data.update(
                 format="mlperf_tfrecord",
