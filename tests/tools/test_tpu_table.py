@@ -70,7 +70,7 @@ def test_a_step_without_compiler_estimate_names_its_model_and_both_bounds():
     method = tpu_table._method({}, "v4")
     assert method == "roofline-eta: compiler estimate unusable"
     row = {"step_s": 0.02, "step_method": method, "compiler_estimate": False}
-    row["step_bounds_s"] = (0.01, 0.015)
+    row.update(step_bounds_s=(0.01, 0.015), ici="links spanned")
     assert tpu_table._step_cell(row) == (
         "20.00 ms (roofline-eta: compiler estimate unusable; roofline 10.00 ms with ICI "
         "overlapped, 15.00 ms serial)"
@@ -78,4 +78,10 @@ def test_a_step_without_compiler_estimate_names_its_model_and_both_bounds():
     row.update(step_s=0.015, step_method=tpu_table._method({}, "v5e"))
     assert tpu_table._step_cell(row) == (
         "15.00 ms (roofline + ICI: compiler estimate unusable; 10.00 ms with ICI overlapped)"
+    )
+    # A row compiled before the ICI term counted the torus dimensions says so.
+    del row["ici"]
+    assert tpu_table._step_cell(row) == (
+        "15.00 ms (roofline + ICI: compiler estimate unusable; 10.00 ms with ICI overlapped; "
+        "ICI: each collective on one ring)"
     )
