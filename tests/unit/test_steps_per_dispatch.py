@@ -349,3 +349,14 @@ def test_a_k1_checkpoint_off_the_grid_resumes_at_k4(off_grid, tmp_path):
         got = train.run(config, str(workdir))
     assert got.resumed_from_step == 6 and got.steps == 3 * K
     _same_run(reference, workdir, state1, final[0])
+
+
+def test_the_mlperf_configs_run_several_steps_a_dispatch():
+    """docs/performance.md: BERT and SSD 10, Transformer 50, Mask R-CNN 5, each dividing
+    the config's logging and checkpoint cadences."""
+    from configs import bert, maskrcnn, ssd, transformer
+
+    for module, k in ((bert, 10), (transformer, 50), (ssd, 10), (maskrcnn, 5)):
+        config = module.get_config("mlperf_v07")
+        assert dispatch.steps_per_dispatch(config) == k, module.__name__
+        assert all(n % k == 0 for _, n in dispatch.cadences(config)), module.__name__
