@@ -190,28 +190,33 @@ def _without_timing(workdir) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in timed} for r in _records(workdir, "train")]
 
 
+def _run_keeping_state(config, workdir):
+    """`train.run` of `config` in `workdir`: (its result, the trained state it ends at)."""
+    from mlperf import train
+
+    final = []
+    trained = train.train
+
+    def keep(init, loop):
+        final.append(trained(init, loop))  # the trained state, for the comparison
+        return final[-1]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(train, "train", keep)
+        result = train.run(config, str(workdir))
+    return result, final[0]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The same run at k = 1 and at k = 4: (config, work directory, result, final state);
     only the k = 4 run writes checkpoints (every 4 steps)."""
-    from mlperf import train
-
     out = {}
     for k in (1, K):
         settings = {**RUN, "checkpoint.enabled": k > 1, "train.steps_per_dispatch": k}
         config = small_bert_config(**settings)
         workdir = tmp_path_factory.mktemp(f"k{k}")
-        final = []
-        trained = train.train
-
-        def keep(init, loop, trained=trained, final=final):
-            final.append(trained(init, loop))  # the trained state, for the comparison
-            return final[-1]
-
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(train, "train", keep)
-            result = train.run(config, str(workdir))
-        out[k] = (config, workdir, result, final[0])
+        out[k] = (config, workdir, *_run_keeping_state(config, workdir))
     return out
 
 
@@ -284,25 +289,13 @@ OFF_GRID = {
 def off_grid(tmp_path_factory):
     """The same 12-step run at k = 1 (a checkpoint every 2 steps) and at k = 4 (steps
     1-4 in one dispatch, 5 to 8 single, 9-12 in one): (config, workdir, result, state)."""
-    from mlperf import train
-
     out = {}
     for k in (1, K):
         settings = {**OFF_GRID, "checkpoint.enabled": k == 1, "checkpoint.every_steps": 2,
                     "train.steps_per_dispatch": k}  # fmt: skip
         config = small_bert_config(**settings)
         workdir = tmp_path_factory.mktemp(f"off_grid_k{k}")
-        final = []
-        trained = train.train
-
-        def keep(init, loop, trained=trained, final=final):
-            final.append(trained(init, loop))
-            return final[-1]
-
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(train, "train", keep)
-            result = train.run(config, str(workdir))
-        out[k] = (config, workdir, result, final[0])
+        out[k] = (config, workdir, *_run_keeping_state(config, workdir))
     return out
 
 
@@ -327,9 +320,7 @@ def test_an_eval_off_the_grid_runs_at_the_step_k1_runs_it(off_grid):
 
 
 def test_a_k1_checkpoint_off_the_grid_resumes_at_k4(off_grid, tmp_path):
-    from mlperf import train
-
-    config1, reference, _, state1 = off_grid[1]
+    _, reference, _, state1 = off_grid[1]
     workdir = tmp_path / "resumed"
     shutil.copytree(reference, workdir)
     for step in (8, 10, 12):  # as if stopped after step 6's save
@@ -337,18 +328,9 @@ def test_a_k1_checkpoint_off_the_grid_resumes_at_k4(off_grid, tmp_path):
     config = small_bert_config(**{**OFF_GRID, "checkpoint.enabled": True,
                                   "checkpoint.every_steps": 4,
                                   "train.steps_per_dispatch": K})  # fmt: skip
-    final = []
-    trained = train.train
-
-    def keep(init, loop):
-        final.append(trained(init, loop))
-        return final[-1]
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(train, "train", keep)
-        got = train.run(config, str(workdir))
+    got, state = _run_keeping_state(config, workdir)
     assert got.resumed_from_step == 6 and got.steps == 3 * K
-    _same_run(reference, workdir, state1, final[0])
+    _same_run(reference, workdir, state1, state)
 
 
 def test_the_mlperf_configs_run_several_steps_a_dispatch():
