@@ -98,11 +98,10 @@ def needs_single_steps(k: int, ends: Sequence[int], start: int, stop: int) -> bo
     return False
 
 
-def check(config, task: Task) -> None:
+def check(config) -> None:
     """ConfigError (one line, before anything is built) unless `train.steps_per_dispatch`
     is an integer >= 1 that divides `train.log_every_steps` and `checkpoint.every_steps`
     (each phase's end and each eval are marks the dispatches stop at by themselves)."""
-    del task  # the marks hold for every k
     k = steps_per_dispatch(config)
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ConfigError(

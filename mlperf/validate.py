@@ -115,7 +115,7 @@ def validate(config, num_devices: int, task: Task | None = None) -> dict[str, in
             f"model.train_head_dtype={head_dtype!r} applies only to the sliced head: set "
             "model.train_head_vocab_slice > 0 too, or leave the dtype ''."
         )
-    dispatch.check(config, task)
+    dispatch.check(config)
     check_names(config)
     return sizes
 

@@ -16,6 +16,7 @@ Partition ids in the HLO are positions in the mesh's flattened device order
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,7 +52,9 @@ def ring_equivalent_wire_bytes(
     def scale(instr_text: str) -> float:
         if "source_target_pairs=" in instr_text:
             return 1.0
-        key = instr_text[instr_text.find("replica_groups=") :]
+        # The groups attribute alone (not the op's name or metadata) keys the cache.
+        found = re.search(r"replica_groups=(?:mesh\[[^\]]*\]\s*\{[^}]*\}|\S+)", instr_text)
+        key = found.group(0) if found else ""
         if key not in cache:
             groups = replica_groups(instr_text, len(coords))
             dims = dims_spanned(groups[0], coords) if groups and groups[0] else 1
