@@ -1,8 +1,12 @@
 """Detection augmentation in NumPy/PIL, per host: decode, SSD random IoU crop,
-horizontal flip, colour distortion, resize, normalise. Boxes are normalised (x0, y0,
-x1, y1); polygons (flattened normalised x, y pairs with per-polygon sizes and owning
-instance, as the COCO builder stores them) follow every geometric step so Mask R-CNN
-can rasterise masks.
+horizontal flip, colour distortion, resize. Boxes are normalised (x0, y0, x1, y1);
+polygons (flattened normalised x, y pairs with per-polygon sizes and owning instance, as
+the COCO builder stores them) follow every geometric step so Mask R-CNN can rasterise
+masks.
+
+Images leave the host as uint8 RGB, a quarter of the bytes of float32: the ImageNet
+normalisation runs on the device as the model's first step (`mlperf.layers.pixels`).
+`normalise` is its host twin, for inputs to an exported program and for tests.
 """
 
 from __future__ import annotations
@@ -142,35 +146,50 @@ def photometric_distort(pixels: np.ndarray, rng: np.random.Generator) -> np.ndar
     return np.clip(out, 0.0, 1.0).astype(np.float32)
 
 
-def resize_normalise(
+def normalise(pixels: np.ndarray, valid_hw: np.ndarray | None = None) -> np.ndarray:
+    """uint8 RGB [..., H, W, 3] -> float32 scaled to [0, 1], less the ImageNet mean, over
+    its std; with `valid_hw` [..., 2] (the image's rows and columns on a padded canvas) the
+    rest is 0, as normalising then padding gives. The device's `normalise_images` does the
+    same in the model's first step."""
+    x = (np.asarray(pixels, np.float32) / np.float32(255.0) - IMAGENET_MEAN) / IMAGENET_STD
+    if valid_hw is not None:
+        hw = np.asarray(valid_hw)
+        rows = np.arange(x.shape[-3]) < hw[..., 0, None]
+        cols = np.arange(x.shape[-2]) < hw[..., 1, None]
+        x = np.where((rows[..., :, None] & cols[..., None, :])[..., None], x, np.float32(0.0))
+    return x
+
+
+def resize_pixels(
     img: Image.Image,
     size: int,
     crop: np.ndarray | None = None,
     colour_rng: np.random.Generator | None = None,
 ) -> np.ndarray:
     """Crops (normalised box) and resizes to size x size, optionally distorts the colours
-    (with `colour_rng`), then ImageNet-normalises: float32."""
+    (with `colour_rng`): uint8 RGB (a distorted image rounded back to whole levels, as
+    a distortion on the decoded uint8 image gives)."""
     box = None
     if crop is not None:
         w, h = img.size
         box = (crop[0] * w, crop[1] * h, crop[2] * w, crop[3] * h)
-    resized = img.resize((size, size), Image.BILINEAR, box=box)
-    pixels = np.asarray(resized, np.float32) / 255.0
-    if colour_rng is not None:
-        pixels = photometric_distort(pixels, colour_rng)
-    return (pixels - IMAGENET_MEAN) / IMAGENET_STD
+    resized = np.asarray(img.resize((size, size), Image.BILINEAR, box=box), np.uint8)
+    if colour_rng is None:
+        return resized
+    distorted = photometric_distort(resized.astype(np.float32) / 255.0, colour_rng)
+    return np.rint(distorted * 255.0).astype(np.uint8)
 
 
 def ssd_train_augment(
     record: dict[str, np.ndarray], rng: np.random.Generator, size: int, colour: bool = False
 ) -> tuple[np.ndarray, Instances]:
     """SSD training view of a record: IoU crop, flip with p=0.5, optional colour
-    distortion, resize, normalise."""
+    distortion, resize; uint8 RGB."""
     img = decode_image(record["image_bytes"])
     crop, inst = random_iou_crop(rng, Instances.from_record(record))
     flip = bool(rng.random() < 0.5)
     # Colour draws come after the crop and flip draws, so colour=False keeps the stream.
-    pixels = resize_normalise(img, size, crop, colour_rng=rng if colour else None)
+    pixels = resize_pixels(img, size, crop, colour_rng=rng if colour else None)
     if flip:
         pixels = pixels[:, ::-1]
         inst = inst.transform(np.ones(2, np.float32), np.zeros(2, np.float32), flip=True)
@@ -178,5 +197,5 @@ def ssd_train_augment(
 
 
 def eval_view(record: dict[str, np.ndarray], size: int) -> np.ndarray:
-    """The eval input: the whole image resized to size x size and normalised."""
-    return resize_normalise(decode_image(record["image_bytes"]), size)
+    """The eval input: the whole image resized to size x size, uint8 RGB."""
+    return resize_pixels(decode_image(record["image_bytes"]), size)

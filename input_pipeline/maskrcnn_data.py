@@ -26,7 +26,7 @@ import numpy as np
 from absl import logging
 from PIL import Image, ImageDraw
 
-from input_pipeline.detection_augment import IMAGENET_MEAN, IMAGENET_STD, Instances, decode_image
+from input_pipeline.detection_augment import Instances, decode_image
 from input_pipeline.grain_pipeline import GlobalOrderHostRows, ToNumpy, image_read_options
 from input_pipeline.input_errors import InputError
 
@@ -73,7 +73,8 @@ def example_spec(p: MaskRcnnInput, train: bool) -> dict[str, tuple[tuple[int, ..
     """Name -> (per-example shape, dtype) of a batch."""
     s, g, m = p.image_size, p.max_instances, p.mask_size
     spec = {
-        "image": ((s, s, 3), "float32"),
+        "image": ((s, s, 3), "uint8"),
+        "image_hw": ((2,), "int32"),
         "gt_boxes": ((g, 4), "float32"),
         "gt_classes": ((g,), "int32"),
         "gt_masks": ((g, m, m), "uint8"),
@@ -138,14 +139,15 @@ def make_example(
     cw, ch = min(w, p.image_size), min(h, p.image_size)  # the kept window
     ox, oy = int(round(crop_at[0] * (w - cw))), int(round(crop_at[1] * (h - ch)))
     resized = img.resize((w, h), Image.BILINEAR).crop((ox, oy, ox + cw, oy + ch))
-    pixels = np.asarray(resized, np.float32) / 255.0 - IMAGENET_MEAN
-    pixels = pixels / IMAGENET_STD
+    pixels = np.asarray(resized, np.uint8)
     inst = Instances.from_record(record)
     if flip:
         pixels = pixels[:, ::-1]
         inst = inst.transform(np.ones(2, np.float32), np.zeros(2, np.float32), flip=True)
         ox = w - cw - ox  # the window mirrors with the image
-    image = np.zeros((p.image_size, p.image_size, 3), np.float32)
+    # uint8 on a zero canvas; `image_hw` tells the device's normalisation where the image
+    # ends, so the padding is 0 after it (as normalising then padding gives).
+    image = np.zeros((p.image_size, p.image_size, 3), np.uint8)
     image[:ch, :cw] = pixels
     g, m = p.max_instances, p.mask_size
     boxes = np.zeros((g, 4), np.float32)
@@ -177,7 +179,13 @@ def make_example(
         classes[n] = inst.labels[i]
         masks[n] = rasterise_crop(polys, boxes[n], m)
         n += 1
-    out = {"image": image, "gt_boxes": boxes, "gt_classes": classes, "gt_masks": masks}
+    out = {
+        "image": image,
+        "image_hw": np.array([ch, cw], np.int32),
+        "gt_boxes": boxes,
+        "gt_classes": classes,
+        "gt_masks": masks,
+    }
     if not train:
         out["image_id"] = np.int32(image_id)
         out["scale"] = np.float32(scale)

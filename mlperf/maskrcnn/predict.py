@@ -25,7 +25,7 @@ class MaskRcnnDetector:
 
     def _example(self, image: InputImage) -> tuple[dict[str, np.ndarray], float]:
         example = make_example(record_of(image), self.input, flip=False, train=False)
-        return {"image": example["image"]}, float(example["scale"])
+        return {"image": example["image"], "image_hw": example["image_hw"]}, float(example["scale"])
 
     def detect(
         self,

@@ -19,6 +19,7 @@ from input_pipeline.coco_source import cache_dir, coco_folder
 from input_pipeline.grain_pipeline import padded_eval_batches
 from mlperf.coco_eval import CocoEvaluator
 from mlperf.config_error import ConfigError
+from mlperf.layers.pixels import normalise_images
 from mlperf.layers.resnet import ResNetConfig
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.maskrcnn.boxes import AnchorConfig
@@ -205,6 +206,7 @@ class MaskRcnnTask(Task[MaskRcnnData]):
 
     def loss(self, model: MaskRcnn, batch, denominators, rng):
         rng = jax.random.key(0) if rng is None else rng
+        batch = {**batch, "image": normalise_images(batch["image"], batch.get("image_hw"))}
         parts = model.losses(batch, rng, denominators["images"])
         total = sum(v for k, v in parts.items() if k.endswith("_loss"))
         wd = self.config.optimizer.get("l2_weight_decay", 0.0)
@@ -229,7 +231,7 @@ class MaskRcnnTask(Task[MaskRcnnData]):
         return {"examples": jnp.sum(batch["mask"]).astype(jnp.int32)}
 
     def eval_outputs(self, model: MaskRcnn, batch) -> dict[str, jax.Array]:
-        det = model.detect(batch["image"])
+        det = model.detect(normalise_images(batch["image"], batch.get("image_hw")))
         return {
             "boxes": det["boxes"],
             "scores": det["scores"],

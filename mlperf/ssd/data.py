@@ -114,7 +114,7 @@ class SsdEvalView:
         }
 
 
-EVAL_DTYPES = {"image": "float32", "image_id": "int32", "height": "int32", "width": "int32"}
+EVAL_DTYPES = {"image": "uint8", "image_id": "int32", "height": "int32", "width": "int32"}
 
 
 def eval_batches(

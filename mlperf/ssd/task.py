@@ -22,6 +22,7 @@ from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.coco_source import cache_dir, coco_folder
 from mlperf.coco_eval import CocoEvaluator
 from mlperf.config_error import ConfigError
+from mlperf.layers.pixels import normalise_images
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.pretrained import PretrainedModules
 from mlperf.ssd import data as ssd_data
@@ -125,7 +126,7 @@ class SsdTask(Task[SsdData]):
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         s, a = self.anchors.image_size, self.anchors.num_boxes
         return {
-            "image": ((s, s, 3), "float32"),
+            "image": ((s, s, 3), "uint8"),  # normalised on the device
             "boxes": ((a, 4), "float32"),
             "labels": ((a,), "int32"),
         }
@@ -205,7 +206,7 @@ class SsdTask(Task[SsdData]):
 
     def loss(self, model, batch, denominators, rng):
         del rng  # no dropout
-        offsets, logits = model(batch["image"], train=True)
+        offsets, logits = model(normalise_images(batch["image"]), train=True)
         per_image = ssd_loss_per_image(offsets, logits, batch["boxes"], batch["labels"])
         n = denominators["examples"]
         loss = jnp.sum(per_image["total"]) / n
@@ -235,7 +236,7 @@ class SsdTask(Task[SsdData]):
 
     def eval_outputs(self, model, batch) -> dict[str, jax.Array]:
         """Fixed-size detections per image (normalised x0, y0, x1, y1), NMS on device."""
-        offsets, logits = model(batch["image"], train=False)
+        offsets, logits = model(normalise_images(batch["image"]), train=False)
         anchors = jnp.asarray(default_boxes(self.anchors))
         boxes = jnp.clip(decode_offsets(offsets, anchors), 0.0, 1.0)
         e = self.config.eval

@@ -144,7 +144,7 @@ def test_iou_crop_and_flip_keep_boxes_and_polygons_consistent(shapes):
     for i in range(8):
         record = data.train[i]
         pixels, inst = ssd_train_augment(record, rng, 48)
-        assert pixels.shape == (48, 48, 3) and pixels.dtype == np.float32
+        assert pixels.shape == (48, 48, 3) and pixels.dtype == np.uint8  # normalised on device
         assert np.all((inst.boxes >= 0) & (inst.boxes <= 1))
         assert np.all(inst.boxes[:, 2] > inst.boxes[:, 0])
         # Shape polygons stay inside their (clipped) boxes.

@@ -48,8 +48,10 @@ def test_resize_pad_boxes_and_masks():
     p = MaskRcnnInput(image_size=64, max_instances=4, mask_size=8)
     ex = make_example(_record([GOOD], [[10, 10, 30, 20]], [2]), p, flip=False, train=False)
     assert ex["image"].shape == (64, 64, 3)
-    # 80x40 -> 64x32 (scale 0.8), padded below with zeros.
-    assert np.abs(ex["image"][:32]).sum() > 0 and not ex["image"][32:].any()
+    # 80x40 -> 64x32 (scale 0.8), padded below with zeros; uint8, normalised on the
+    # device inside image_hw.
+    assert ex["image"].dtype == np.uint8 and ex["image_hw"].tolist() == [32, 64]
+    assert ex["image"][:32].astype(int).sum() > 0 and not ex["image"][32:].any()
     np.testing.assert_allclose(ex["gt_boxes"][0], [8, 8, 16, 24])  # y1, x1, y2, x2
     assert ex["gt_classes"].tolist() == [2, 0, 0, 0]
     assert ex["gt_masks"][0].all() and not ex["gt_masks"][1:].any()

@@ -14,6 +14,7 @@ from detector_helpers import check_backbone_export, evaluator_sums, write_eval_i
 from predict_helpers import run_exported, train_tiny_detector
 from pycocotools import mask as mask_utils
 
+from input_pipeline.detection_augment import normalise
 from input_pipeline.maskrcnn_data import make_example
 from launch.export_formats import export
 from mlperf import detection_predict as dp
@@ -106,11 +107,9 @@ def check_stablehlo_export_gives_the_models_detections(run, detector, evaluated,
         batch_size=EVAL_IMAGES,
         trained=trained,
     )
-    batch = {
-        "image": np.stack(
-            [make_example(dp.record_of(im), detector.input, False, False)["image"] for im in images]
-        )
-    }
+    # The exported program takes the normalised, zero-padded float32 view.
+    examples = [make_example(dp.record_of(im), detector.input, False, False) for im in images]
+    batch = {"image": np.stack([normalise(e["image"], e["image_hw"]) for e in examples])}
     expected = detector.runner(batch)
     out = run_exported(folder, batch, tmp_path)
     for name in ("boxes", "scores"):

@@ -14,7 +14,7 @@ import pytest
 from detector_helpers import check_backbone_export, evaluator_sums, write_eval_images
 from predict_helpers import run_exported, train_tiny_detector
 
-from input_pipeline.detection_augment import eval_view
+from input_pipeline.detection_augment import eval_view, normalise
 from launch.export_formats import export
 from launch.predict_verbs import detect
 from mlperf.coco_eval import load_ground_truth
@@ -104,7 +104,8 @@ def check_stablehlo_export_gives_the_models_detections(run, trained, evaluated, 
     folder = tmp_path / "stablehlo"
     export(str(run), "stablehlo", str(folder), batch_size=EVAL_IMAGES, trained=trained)
     size = trained.task.anchors.image_size
-    batch = {"image": np.stack([eval_view(record_of(im), size) for im in images])}
+    # The exported program takes the normalised float32 view (its preprocessing text).
+    batch = {"image": normalise(np.stack([eval_view(record_of(im), size) for im in images]))}
     out = run_exported(folder, batch, tmp_path)
     assert json.loads((folder / "labels.json").read_text())["names"][0] == "background"
     for i, d in enumerate(found):  # predict's detections: the model run on the mesh
