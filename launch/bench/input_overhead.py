@@ -135,13 +135,14 @@ def measure_overhead(
         # the stacked batch) would otherwise run under the next transfer's timing. A
         # TPU runs it on the chip, so it is timed apart and not counted as host work.
         jax.block_until_ready((state, metrics))
-        parts["stub"] += time.perf_counter() - t2
+        t3 = time.perf_counter()
+        parts["stub"] += t3 - t2
         parts["transfer"] += t1 - t0
         parts["dispatch"] += t2 - t1
         if ((i + 1) * k) // log_every > (i * k) // log_every:  # a logged step in it
             last = {name: last_step(v) for name, v in jax.device_get(metrics).items()}
             sink.write(" ".join(f"{name}={v:.4f}" for name, v in last.items()) + "\n")
-            parts["logging"] += time.perf_counter() - t2
+            parts["logging"] += time.perf_counter() - t3  # the fetch and line, not the stub
     jax.block_until_ready(state)
     timed = dispatches * k
     return Overhead(
