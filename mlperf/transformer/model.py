@@ -46,6 +46,16 @@ class TransformerConfig:
     attention_cpu_block_bytes: int = CPU_BLOCK_BYTES
     einsum_gather: bool = True
     compute_dtype: jnp.dtype = jnp.float32
+    # Each stack's layers with their parameters stacked on a leading `stack` axis and
+    # applied with lax.scan: a train state of tens of leaves instead of hundreds, so a
+    # step's dispatch handles fewer buffers (docs/multi-host.md), and a program of one
+    # layer per stack. Parameter paths become `encoder/<name>` with a leading
+    # [num_layers] dim instead of `encoder/<i>/<name>` (the same for `decoder`).
+    scan_layers: bool = False
+    # Layers per scan iteration (lax.scan's unroll); 0 or >= num_layers unrolls the whole
+    # stack: no loop in the program, the parameters still stacked (mlperf_v07's form: the
+    # few leaves, and the TPU compiler's estimate of straight-line code).
+    scan_unroll: int = 1
 
 
 def sinusoid(positions: jax.Array, dim: int, dtype: jnp.dtype) -> jax.Array:
@@ -65,6 +75,43 @@ def shift_right(targets: jax.Array, positions: jax.Array) -> jax.Array:
 
 def _split(rng: jax.Array | None, n: int):
     return [None] * n if rng is None else list(jax.random.split(rng, n))
+
+
+def _stacked_layers(make, n: int, rngs: nnx.Rngs) -> nnx.Module:
+    """`n` layers from `make(rngs)` as one module whose parameters have a leading [n]
+    dimension with the logical axis `stack`, each layer from its own key."""
+    keys = jax.random.split(rngs.params(), n)
+
+    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "stack"})
+    def build(key):
+        return make(nnx.Rngs(params=key))
+
+    return build(keys)
+
+
+def _scan_layers(
+    stack: nnx.Module, x: jax.Array, keys: list | None, apply, unroll: int
+) -> jax.Array:
+    """`apply(layer, x, key)` of each stacked layer in turn, as one lax.scan (`unroll`
+    layers an iteration; 0: all of them, no loop); layer i gets keys[i] as the unrolled
+    loop gives it, so both forms agree."""
+    graphdef, stacked = nnx.split(stack)
+
+    def body(h, xs):
+        state, key = xs
+        return apply(nnx.merge(graphdef, state), h, key), None
+
+    xs_keys = None if keys is None or keys[0] is None else jnp.stack(keys)
+    x, _ = jax.lax.scan(body, x, (stacked, xs_keys), unroll=True if unroll <= 0 else unroll)
+    return x
+
+
+def _layer_list(stack, n: int, scanned: bool) -> list:
+    """The layers one by one: a scanned stack's layer i is its parameters at [i]."""
+    if not scanned:
+        return list(stack)
+    graphdef, stacked = nnx.split(stack)
+    return [nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], stacked)) for i in range(n)]
 
 
 class EncoderLayer(nnx.Module):
@@ -146,9 +193,16 @@ class Transformer(nnx.Module):
             einsum_gather=cfg.einsum_gather,
             dtype=dt,
         )
-        self.encoder = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        n = cfg.num_layers
+        if cfg.scan_layers:
+            self.encoder = _stacked_layers(lambda r: EncoderLayer(cfg, rngs=r), n, rngs)
+        else:
+            self.encoder = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(n)])
         self.encoder_norm = LayerNorm(cfg.emb_dim, rngs=rngs, eps=1e-6, dtype=dt)
-        self.decoder = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.scan_layers:
+            self.decoder = _stacked_layers(lambda r: DecoderLayer(cfg, rngs=r), n, rngs)
+        else:
+            self.decoder = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(n)])
         self.decoder_norm = LayerNorm(cfg.emb_dim, rngs=rngs, eps=1e-6, dtype=dt)
 
     def _embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
@@ -160,22 +214,40 @@ class Transformer(nnx.Module):
 
     def encode(self, inputs, segments, positions, rng=None) -> jax.Array:
         """[B,L] token ids, segment ids (0 = padding), positions -> encoded [B,L,E]."""
-        r = _split(rng, len(self.encoder) + 1)
+        n = self.cfg.num_layers
+        r = _split(rng, n + 1)
         x = dropout(self._embed(inputs, positions), self.cfg.dropout_rate, r[-1])
         mask = segment_mask(segments, segments)
-        for i, layer in enumerate(self.encoder):
-            x = layer(x, mask, r[i])
+        if self.cfg.scan_layers:
+            x = _scan_layers(
+                self.encoder,
+                x,
+                r[:n],
+                lambda layer, h, key: layer(h, mask, key),
+                self.cfg.scan_unroll,
+            )
+        else:
+            for i, layer in enumerate(self.encoder):
+                x = layer(x, mask, r[i])
         return self.encoder_norm(x)
 
     def decode(self, encoded, input_segments, targets, segments, positions, rng=None):
         """Teacher-forced decoder: logits [B,T,V] fp32 for every target position."""
-        r = _split(rng, len(self.decoder) + 1)
+        n = self.cfg.num_layers
+        r = _split(rng, n + 1)
         y = self._embed(shift_right(targets, positions), positions)
         y = dropout(y, self.cfg.dropout_rate, r[-1])
         self_mask = segment_mask(segments, segments) & causal_mask(targets.shape[1])
         cross_mask = segment_mask(segments, input_segments)
-        for i, layer in enumerate(self.decoder):
-            y = layer(y, encoded, self_mask, cross_mask, r[i])
+        if self.cfg.scan_layers:
+
+            def apply(layer, h, key):
+                return layer(h, encoded, self_mask, cross_mask, key)
+
+            y = _scan_layers(self.decoder, y, r[:n], apply, self.cfg.scan_unroll)
+        else:
+            for i, layer in enumerate(self.decoder):
+                y = layer(y, encoded, self_mask, cross_mask, r[i])
         return self.logits(self.decoder_norm(y))
 
     def logits(self, y: jax.Array) -> jax.Array:
@@ -199,17 +271,24 @@ class Transformer(nnx.Module):
         )
 
     # ---- incremental decoding (beam search) ----------------------------------------------
+    # A scanned stack decodes layer by layer too (its layer i: the parameters at [i]), so
+    # the caches are one per layer in either form.
+    def decoder_layers(self) -> list[DecoderLayer]:
+        """The decoder's layers in order."""
+        return _layer_list(self.decoder, self.cfg.num_layers, self.cfg.scan_layers)
+
     def cross_cache(self, encoded: jax.Array) -> list[Cache]:
         """Per-layer cross-attention K/V of the encoder output (computed once per sentence)."""
         caches = []
-        for layer in self.decoder:
+        for layer in self.decoder_layers():
             k, v = layer.cross_attention.keys_values(encoded)
             caches.append({"k": k, "v": v})
         return caches
 
     def self_cache(self, batch: int, max_length: int) -> list[Cache]:
         """Per-layer empty self-attention K/V for max_length decoder positions."""
-        return [layer.self_attention.init_cache(batch, max_length) for layer in self.decoder]
+        layers = self.decoder_layers()
+        return [layer.self_attention.init_cache(batch, max_length) for layer in layers]
 
     def decode_step(self, tokens_B, self_cache, cross_cache, index, input_segments):
         """Logits [B,V] fp32 for position `index` given the previous tokens [B] (0 at the
@@ -218,7 +297,8 @@ class Transformer(nnx.Module):
         y = self._embed(tokens_B[:, None], positions)
         cross_mask = (input_segments > 0)[:, None, None, :]
         new_cache = []
-        for layer, own, cross in zip(self.decoder, self_cache, cross_cache, strict=True):
+        layers = self.decoder_layers()
+        for layer, own, cross in zip(layers, self_cache, cross_cache, strict=True):
             y, own = layer.decode_step(y, own, cross, index, cross_mask)
             new_cache.append(own)
         return self.logits(self.decoder_norm(y))[:, 0], new_cache

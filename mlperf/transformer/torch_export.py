@@ -32,7 +32,16 @@ import numpy as np
 
 
 def _child(node: dict, key: int) -> Any:
-    return node[key] if key in node else node[str(key)]
+    """Layer `key` of a stack: its own subtree in the loop form (`encoder/<i>/...`), or
+    every leaf at [key] in the scanned form (`model.scan_layers`: `encoder/...` with a
+    leading [num_layers] dim)."""
+    if key in node:
+        return node[key]
+    if str(key) in node:
+        return node[str(key)]
+    return {
+        k: _child(v, key) if isinstance(v, dict) else np.asarray(v)[key] for k, v in node.items()
+    }
 
 
 def _f32(x: Any) -> np.ndarray:
