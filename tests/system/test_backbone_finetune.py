@@ -60,7 +60,8 @@ def _batch(n: int) -> dict[str, np.ndarray]:
     masks = np.zeros((n, 2, 8, 8), np.uint8)
     masks[:, 0, :, :5] = 1
     return {
-        "image": rng.normal(size=(n, 64, 64, 3)).astype(np.float32),
+        "image": rng.integers(0, 256, (n, 64, 64, 3), np.uint8),  # normalised on the device
+        "image_hw": np.full((n, 2), 64, np.int32),
         "gt_boxes": boxes,
         "gt_classes": classes,
         "gt_masks": masks,

@@ -57,7 +57,8 @@ def synthetic_batch(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     masks = np.zeros((n, 4, 8, 8), np.uint8)
     masks[:, :2, :, :5] = 1
     return {
-        "image": rng.normal(size=(n, 64, 64, 3)).astype(np.float32),
+        "image": rng.integers(0, 256, (n, 64, 64, 3), np.uint8),  # normalised on the device
+        "image_hw": np.full((n, 2), 64, np.int32),
         "gt_boxes": boxes,
         "gt_classes": classes,
         "gt_masks": masks,

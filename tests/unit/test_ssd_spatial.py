@@ -50,7 +50,7 @@ def synthetic_batch(task, n=8, seed=0):
         boxes.append(off)
         labels.append(lab)
     return {
-        "image": rng.normal(size=(n, s, s, 3)).astype(np.float32),
+        "image": rng.integers(0, 256, (n, s, s, 3), np.uint8),  # normalised on the device
         "boxes": np.stack(boxes),
         "labels": np.stack(labels),
     }
