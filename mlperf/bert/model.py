@@ -22,6 +22,7 @@ from mlperf.layers.embedding import Embed, gather_positions
 from mlperf.layers.linear import DenseGeneral, LayerNorm, logical_param
 from mlperf.layers.matmul import MATMUL_OUTPUT
 from mlperf.layers.mlp import ACTIVATIONS, MlpBlock
+from mlperf.layers.stack import stacked_layers
 from mlperf.layers.vocab_sliced_xent import PADDING_LOGIT, vocab_sliced_cross_entropy
 from parallel.partition import constrain, constrain_if_mapped
 
@@ -167,18 +168,6 @@ def _apply_layer(graphdef, state, x, mask, rng, positions=None):
     return nnx.merge(graphdef, state)(x, mask, rng, positions)
 
 
-def stacked_encoder_layers(cfg: BertConfig, rngs: nnx.Rngs) -> EncoderLayer:
-    """`cfg.num_layers` EncoderLayers as one module whose parameters have a leading
-    [num_layers] dimension with the logical axis `stack`, each layer from its own key."""
-    keys = jax.random.split(rngs.params(), cfg.num_layers)
-
-    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "stack"})
-    def make(key):
-        return EncoderLayer(cfg, rngs=nnx.Rngs(params=key))
-
-    return make(keys)
-
-
 class BertForPreTraining(nnx.Module):
     """BERT encoder + masked-LM head (tied to the word embeddings) + NSP head."""
 
@@ -207,7 +196,7 @@ class BertForPreTraining(nnx.Module):
         )
         self.embedding_norm = LayerNorm(cfg.hidden_size, rngs=rngs, dtype=dt)
         if cfg.scan_layers:
-            self.layers = stacked_encoder_layers(cfg, rngs)
+            self.layers = stacked_layers(lambda r: EncoderLayer(cfg, rngs=r), cfg.num_layers, rngs)
         else:
             self.layers = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.mlm_transform = DenseGeneral(

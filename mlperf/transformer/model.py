@@ -27,6 +27,7 @@ from mlperf.layers.dropout import dropout
 from mlperf.layers.embedding import Embed
 from mlperf.layers.linear import LayerNorm
 from mlperf.layers.mlp import MlpBlock
+from mlperf.layers.stack import stacked_layers
 from parallel.partition import constrain
 
 
@@ -75,18 +76,6 @@ def shift_right(targets: jax.Array, positions: jax.Array) -> jax.Array:
 
 def _split(rng: jax.Array | None, n: int):
     return [None] * n if rng is None else list(jax.random.split(rng, n))
-
-
-def _stacked_layers(make, n: int, rngs: nnx.Rngs) -> nnx.Module:
-    """`n` layers from `make(rngs)` as one module whose parameters have a leading [n]
-    dimension with the logical axis `stack`, each layer from its own key."""
-    keys = jax.random.split(rngs.params(), n)
-
-    @nnx.vmap(in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: "stack"})
-    def build(key):
-        return make(nnx.Rngs(params=key))
-
-    return build(keys)
 
 
 def _scan_layers(
@@ -193,17 +182,26 @@ class Transformer(nnx.Module):
             einsum_gather=cfg.einsum_gather,
             dtype=dt,
         )
-        n = cfg.num_layers
-        if cfg.scan_layers:
-            self.encoder = _stacked_layers(lambda r: EncoderLayer(cfg, rngs=r), n, rngs)
-        else:
-            self.encoder = nnx.List([EncoderLayer(cfg, rngs=rngs) for _ in range(n)])
+        self.encoder = self._stack(lambda r: EncoderLayer(cfg, rngs=r), rngs)
         self.encoder_norm = LayerNorm(cfg.emb_dim, rngs=rngs, eps=1e-6, dtype=dt)
-        if cfg.scan_layers:
-            self.decoder = _stacked_layers(lambda r: DecoderLayer(cfg, rngs=r), n, rngs)
-        else:
-            self.decoder = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(n)])
+        self.decoder = self._stack(lambda r: DecoderLayer(cfg, rngs=r), rngs)
         self.decoder_norm = LayerNorm(cfg.emb_dim, rngs=rngs, eps=1e-6, dtype=dt)
+
+    def _stack(self, make, rngs: nnx.Rngs) -> nnx.Module:
+        """`num_layers` layers: stacked (`scan_layers`) or a list."""
+        n = self.cfg.num_layers
+        if self.cfg.scan_layers:
+            return stacked_layers(make, n, rngs)
+        return nnx.List([make(rngs) for _ in range(n)])
+
+    def _run(self, stack: nnx.Module, x: jax.Array, keys: list, apply) -> jax.Array:
+        """`apply(layer, x, key)` of every layer in turn: one lax.scan over a stacked
+        stack, a Python loop over a list; layer i gets keys[i] either way."""
+        if self.cfg.scan_layers:
+            return _scan_layers(stack, x, keys, apply, self.cfg.scan_unroll)
+        for layer, key in zip(stack, keys, strict=True):
+            x = apply(layer, x, key)
+        return x
 
     def _embed(self, tokens: jax.Array, positions: jax.Array) -> jax.Array:
         # Scaled by sqrt(dim) (Vaswani et al.): token and position terms of similar size.
@@ -218,17 +216,7 @@ class Transformer(nnx.Module):
         r = _split(rng, n + 1)
         x = dropout(self._embed(inputs, positions), self.cfg.dropout_rate, r[-1])
         mask = segment_mask(segments, segments)
-        if self.cfg.scan_layers:
-            x = _scan_layers(
-                self.encoder,
-                x,
-                r[:n],
-                lambda layer, h, key: layer(h, mask, key),
-                self.cfg.scan_unroll,
-            )
-        else:
-            for i, layer in enumerate(self.encoder):
-                x = layer(x, mask, r[i])
+        x = self._run(self.encoder, x, r[:n], lambda layer, h, key: layer(h, mask, key))
         return self.encoder_norm(x)
 
     def decode(self, encoded, input_segments, targets, segments, positions, rng=None):
@@ -239,15 +227,11 @@ class Transformer(nnx.Module):
         y = dropout(y, self.cfg.dropout_rate, r[-1])
         self_mask = segment_mask(segments, segments) & causal_mask(targets.shape[1])
         cross_mask = segment_mask(segments, input_segments)
-        if self.cfg.scan_layers:
 
-            def apply(layer, h, key):
-                return layer(h, encoded, self_mask, cross_mask, key)
+        def apply(layer, h, key):
+            return layer(h, encoded, self_mask, cross_mask, key)
 
-            y = _scan_layers(self.decoder, y, r[:n], apply, self.cfg.scan_unroll)
-        else:
-            for i, layer in enumerate(self.decoder):
-                y = layer(y, encoded, self_mask, cross_mask, r[i])
+        y = self._run(self.decoder, y, r[:n], apply)
         return self.logits(self.decoder_norm(y))
 
     def logits(self, y: jax.Array) -> jax.Array:
