@@ -16,6 +16,7 @@ import pytest
 from conftest import small_bert_config, synthetic_bert_batch
 from flax import nnx
 from jax.sharding import PartitionSpec as P
+from scan_helpers import params_of, stack, unstack, with_params
 
 from mlperf.bert.hf_export import to_hf_state_dict
 from mlperf.bert.model import BertConfig, BertForPreTraining
@@ -26,26 +27,6 @@ LAYERS = 3
 CFG = BertConfig(
     vocab_size=64, hidden_size=32, num_layers=LAYERS, num_heads=4, mlp_dim=64, max_position=16
 )
-
-
-def _stack(layers: dict) -> dict:
-    """Loop-form `layers/<i>/...` -> scan-form `layers/...` with a leading [n] dim."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *[layers[i] for i in range(len(layers))])
-
-
-def _unstack(stacked: dict, n: int) -> dict:
-    return {i: jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(n)}
-
-
-def _params(model) -> dict:
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def _with_params(model, params: dict):
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
-    return model
 
 
 def _batch() -> dict:
@@ -59,8 +40,8 @@ def _batch() -> dict:
 def loop_and_scan():
     loop = BertForPreTraining(CFG, rngs=nnx.Rngs(0))
     scan = BertForPreTraining(dataclasses.replace(CFG, scan_layers=True), rngs=nnx.Rngs(1))
-    params = _params(loop)
-    _with_params(scan, {**params, "layers": _stack(params["layers"])})
+    params = params_of(loop)
+    with_params(scan, {**params, "layers": stack(params["layers"])})
     return loop, scan
 
 
@@ -101,7 +82,7 @@ def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat, policy, u
     cfg = dataclasses.replace(
         CFG, scan_layers=True, remat=remat, remat_policy=policy, scan_unroll=unroll
     )
-    scan = _with_params(BertForPreTraining(cfg, rngs=nnx.Rngs(2)), _params(scan))
+    scan = with_params(BertForPreTraining(cfg, rngs=nnx.Rngs(2)), params_of(scan))
 
     def loss(model):
         mlm, nsp = model(_batch(), jax.random.key(5))
@@ -109,7 +90,7 @@ def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat, policy, u
 
     g_loop = nnx.to_pure_dict(nnx.grad(loss)(loop))
     g_scan = nnx.to_pure_dict(nnx.grad(loss)(scan))
-    expected = {**g_loop, "layers": _stack(g_loop["layers"])}
+    expected = {**g_loop, "layers": stack(g_loop["layers"])}
     flat_expected = dict(jax.tree_util.tree_leaves_with_path(expected))
     for path, got in jax.tree_util.tree_leaves_with_path(g_scan):
         np.testing.assert_allclose(got, flat_expected[path], rtol=1e-4, atol=1e-6)
@@ -117,8 +98,8 @@ def test_scan_gradients_equal_the_loop_gradients(loop_and_scan, remat, policy, u
 
 def test_hf_export_reads_the_stacked_form(loop_and_scan):
     loop, scan = loop_and_scan
-    ours = to_hf_state_dict(jax.device_get(_params(scan)), LAYERS)
-    reference = to_hf_state_dict(jax.device_get(_params(loop)), LAYERS)
+    ours = to_hf_state_dict(jax.device_get(params_of(scan)), LAYERS)
+    reference = to_hf_state_dict(jax.device_get(params_of(loop)), LAYERS)
     assert ours.keys() == reference.keys()
     assert "bert.encoder.layer.2.output.dense.weight" in ours
     for name, value in reference.items():
@@ -198,7 +179,7 @@ def test_a_scanned_trainer_trains_like_the_loop_trainer():
         if scan:
             start = jax.device_get(state["params"])
         else:
-            loop_params = {**start, "layers": _unstack(start["layers"], 2)}
+            loop_params = {**start, "layers": unstack(start["layers"], 2)}
             state["params"] = jax.device_put(loop_params, trainer.layout.state_shardings["params"])
         key = trainer.partitioner.replicate(lambda: jax.random.key(0))
         layout = trainer.partitioner.data_layout(phase.global_batch_size)

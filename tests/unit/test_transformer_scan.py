@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import train_steps
 from flax import nnx
+from scan_helpers import params_of, stack, with_params
 
 from configs.transformer import get_config
 from mlperf.trainer import build_trainer
@@ -28,24 +29,8 @@ LAYERS = 3
 CFG = TransformerConfig(vocab_size=64, emb_dim=32, num_heads=4, num_layers=LAYERS, mlp_dim=64)
 
 
-def _stack(layers: dict) -> dict:
-    """Loop-form `<stack>/<i>/...` -> scan-form `<stack>/...` with a leading [n] dim."""
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *[layers[i] for i in range(len(layers))])
-
-
-def _params(model) -> dict:
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def _with_params(model, params: dict):
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, params)
-    nnx.update(model, state)
-    return model
-
-
 def _stacked(params: dict) -> dict:
-    return {**params, "encoder": _stack(params["encoder"]), "decoder": _stack(params["decoder"])}
+    return {**params, "encoder": stack(params["encoder"]), "decoder": stack(params["decoder"])}
 
 
 def _batch(rows: int = 2, length: int = 8) -> dict:
@@ -68,7 +53,7 @@ def _batch(rows: int = 2, length: int = 8) -> dict:
 def loop_and_scan():
     loop = Transformer(CFG, rngs=nnx.Rngs(0))
     scan = Transformer(dataclasses.replace(CFG, scan_layers=True), rngs=nnx.Rngs(1))
-    _with_params(scan, _stacked(_params(loop)))
+    with_params(scan, _stacked(params_of(loop)))
     return loop, scan
 
 
@@ -89,7 +74,7 @@ def test_scan_equals_the_loop_given_the_same_parameters(loop_and_scan, train, un
     loop, scan = loop_and_scan
     if unroll != 1:
         cfg = dataclasses.replace(CFG, scan_layers=True, scan_unroll=unroll)
-        scan = _with_params(Transformer(cfg, rngs=nnx.Rngs(2)), _params(scan))
+        scan = with_params(Transformer(cfg, rngs=nnx.Rngs(2)), params_of(scan))
     rng = jax.random.key(3) if train else None
     np.testing.assert_allclose(scan(_batch(), rng), loop(_batch(), rng), rtol=1e-5, atol=1e-5)
 
@@ -136,8 +121,8 @@ def test_decoding_steps_equal_the_loops(loop_and_scan):
 
 def test_torch_export_reads_the_stacked_form(loop_and_scan):
     loop, scan = loop_and_scan
-    ours = to_torch_state_dict(jax.device_get(_params(scan)), LAYERS)
-    reference = to_torch_state_dict(jax.device_get(_params(loop)), LAYERS)
+    ours = to_torch_state_dict(jax.device_get(params_of(scan)), LAYERS)
+    reference = to_torch_state_dict(jax.device_get(params_of(loop)), LAYERS)
     assert ours.keys() == reference.keys()
     assert "core.decoder.layers.2.multihead_attn.in_proj_weight" in ours
     for name, value in reference.items():
