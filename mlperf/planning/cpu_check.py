@@ -142,6 +142,7 @@ def evaluate_cpu(
         flops_per_device=stats["flops"],
         bytes_per_device=stats["bytes_accessed"],
         collectives=ops,
+        collective_group_devices=group,
         wire_bytes=wire,
         compute_s=step.compute_s,
         memory_s=step.memory_s,

@@ -1,7 +1,7 @@
 """The planner on the fake CPU devices: predicted step times against measured ones.
 
-No timing is asserted as a value: the prediction must be within a wide factor of the
-measurement, and the order of two meshes whose steps differ a lot must agree.
+No timing is asserted as a value: the prediction must be the model's arithmetic on the
+compiled figures and the measured rates, and of the measured step's order of magnitude.
 """
 
 from __future__ import annotations
@@ -18,25 +18,41 @@ from parallel.aot import hlo_op_stats
 AXES = ("data", "model")
 
 
-def test_predicted_steps_are_near_the_measured_and_the_pair_is_ranked():
-    """Each candidate's prediction is within a loose factor of its measured step, and the
-    report ranks the pair. Whether the two rankings agree is a measurement
-    (docs/aot-and-planning.md), not asserted: beside another test worker on 2 cores the
-    measured order of these two meshes flips from run to run."""
+def test_predicted_steps_follow_the_model_and_the_pair_is_ranked():
+    """Each candidate's prediction is the documented model applied to its compiled
+    program's figures and the host's measured rates; it is the measured step's order of
+    magnitude; and the report ranks the pair. How close prediction and measurement come is
+    a measurement (docs/results/cpu-plan-check.md), not asserted: the rates are timed on
+    2 cores shared with another test worker, and a contended `psum` timing alone moved
+    one prediction to 5.7x its step. Whether the two rankings agree is a measurement too:
+    beside another test worker the measured order of these two meshes flips from run to
+    run."""
     result = plan_cpu(small_bert_config(), "8x1,2x4", measure=True, steps=5, warmup=2)
+    rates = result["rates"]
+    d = rates["devices"]
     rows = {r["candidate"]: r for r in result["rows"]}
     assert set(rows) == {"data=8 model=1", "data=2 model=4"}
     for r in rows.values():
         assert "error" not in r, r
-        assert 0.2 < r["predicted_s"] / r["measured_s"] < 5.0, r
+        assert r["compute_s"] == pytest.approx(d * r["flops_per_device"] / rates["peak_flops"])
+        assert r["memory_s"] == pytest.approx(d * r["bytes_per_device"] / rates["memory_bandwidth"])
+        alpha_s = rates["collective_alpha"] * r["collective_group_devices"] / d
+        assert r["comm_s"] == pytest.approx(alpha_s + r["wire_bytes"] / rates["collective_rate"])
+        assert r["predicted_s"] == pytest.approx(r["compute_s"] + r["memory_s"] + r["comm_s"])
+        assert r["collectives"] > 0 and r["collective_group_devices"] >= 2 * r["collectives"]
+        # Seconds against seconds: a unit or per-device slip is a factor of 8 to 1000.
+        assert 0.02 < r["ratio"] == r["predicted_s"] / r["measured_s"] < 50, r
         assert r["steps_timed"] == 5 and r["compute_s"] > 0 and r["comm_s"] > 0
     wide, split = rows["data=8 model=1"], rows["data=2 model=4"]
+    # The model=4 split meets in groups of 4 as well as 8: fewer devices per collective.
+    assert split["collective_group_devices"] / split["collectives"] < 8
+    assert wide["collective_group_devices"] == 8 * wide["collectives"]
     same_order = (wide["predicted_s"] > split["predicted_s"]) == (
         wide["measured_s"] > split["measured_s"]
     )
     assert result["pairs"] == 1 and result["pairs_same"] == int(same_order)
     for key in ("peak_flops", "memory_bandwidth", "collective_alpha", "collective_rate"):
-        assert result["rates"][key] > 0
+        assert rates[key] > 0
 
 
 def test_mesh_candidates_default_to_every_split_and_parse():
