@@ -60,7 +60,16 @@ SUPPORTED_SCHEMES = ("gs",)
 
 
 class StorageError(OSError):
-    """An object-store operation failed: one line naming the store, operation and path."""
+    """An object-store operation failed: one line naming the store, operation and path.
+
+    `transient` is True when the store could not be reached or answered that it is busy
+    or failing (a timeout, a refused connection, HTTP 408, 429 or 5xx): the same
+    operation may succeed later, so a run stopped by it is started again by a supervisor
+    (exit code 69), unlike a missing bucket or a permission refused."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 def scheme(path: str) -> str | None:
@@ -153,7 +162,7 @@ def errors(operation: str, path: str) -> Iterator[None]:
     except StorageError:
         raise
     except Exception as e:  # noqa: BLE001 - gcsfs, aiohttp and google-auth raise many kinds
-        raise StorageError(describe(e, operation, path)) from e
+        raise StorageError(describe(e, operation, path), transient=transient(e)) from e
 
 
 def describe(error: BaseException, operation: str, path: str) -> str:
@@ -171,6 +180,24 @@ def describe(error: BaseException, operation: str, path: str) -> str:
     else:
         why = f"{type(error).__name__}: {text}"
     return f"{store}: {operation} {path} failed: {why}"
+
+
+# HTTP answers that say "not now" rather than "no": a request timeout, too many requests,
+# and the server's own failures. Google's client libraries retry the same set.
+TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def transient(error: BaseException) -> bool:
+    """True when a store's error may pass by itself: the store unreachable or timing out,
+    or an HTTP status in TRANSIENT_HTTP anywhere in the error's chain."""
+    if _unreachable(error):
+        return True
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "code", None) in TRANSIENT_HTTP:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _unreachable(error: BaseException) -> bool:

@@ -19,6 +19,9 @@ EXIT_TARGET_NOT_REACHED = 1  # the run ended (step budget or abort) below its ta
 EXIT_BAD_INPUT = 2  # config, flags, data files or cluster coordinates: one line, nothing trained
 EXIT_WORKDIR_HELD = 3  # another run holds the work directory (mlperf/lease.py): one line
 EXIT_PEER_LOST = 4  # another process of the run died or never joined; this one stopped itself
+# The object store could not be reached (at start, or by a checkpoint save): nothing lost,
+# the same command continues once it answers (sysexits' EX_UNAVAILABLE).
+EXIT_STORE_UNREACHABLE = 69
 EXIT_CRASH = 70  # an unexpected error (a bug): the traceback is printed
 EXIT_STALLED = 75  # launch.local: no process printed for --stall_s seconds (stacks printed)
 EXIT_PREEMPTED = 143  # SIGTERM/Ctrl-C: checkpoint written, run the same command again

@@ -42,6 +42,7 @@ from launch.cli import (
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
     EXIT_STALLED,
+    EXIT_STORE_UNREACHABLE,
     EXIT_TARGET_NOT_REACHED,
     EXIT_TARGET_REACHED,
     EXIT_WORKDIR_HELD,
@@ -142,6 +143,7 @@ def describe_exit(index: int, code: int) -> str:
         EXIT_BAD_INPUT: "stopped on bad input or cluster setup; its error line is above",
         EXIT_WORKDIR_HELD: "stopped: another run holds the work directory; its line is above",
         EXIT_PEER_LOST: "stopped because another process died or never joined",
+        EXIT_STORE_UNREACHABLE: "stopped: the object store was unreachable; its line is above",
         EXIT_CRASH: "crashed with an unexpected error; its traceback is above",
     }.get(code, "crashed")
     return f"process {index} exited with code {code} ({meaning})"

@@ -37,6 +37,7 @@ from launch.cli import (
     EXIT_PEER_LOST,
     EXIT_PREEMPTED,
     EXIT_STALLED,
+    EXIT_STORE_UNREACHABLE,
     EXIT_TARGET_NOT_REACHED,
     EXIT_TARGET_REACHED,
     EXIT_WORKDIR_HELD,
@@ -50,6 +51,7 @@ _RETRYABLE = {
     EXIT_PEER_LOST: "a peer process died",
     EXIT_WORKDIR_HELD: "the work directory was held by another run",
     EXIT_STALLED: "the run stalled",
+    EXIT_STORE_UNREACHABLE: "the object store was unreachable",
     EXIT_SSH_FAILED: "ssh failed",
 }
 _FINAL = {

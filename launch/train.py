@@ -14,7 +14,8 @@ WORKDIR/logs/host_<i>.log (launch/host_log.py).
 
 Exit codes (launch/cli.py, docs/multi-host.md): 0 target reached, 1 the run ended
 without reaching its target, 2 bad input (one line, nothing trained), 3 another run holds
-the work directory, 4 another process of the run died or never joined, 70 an unexpected
+the work directory, 4 another process of the run died or never joined, 69 the object
+store could not be reached (at start or by a save; nothing lost), 70 an unexpected
 error (traceback printed), 143 preempted (checkpoint written; run the same command again).
 Bad input is what the project's checks raise as such (`bad_input_errors`), not any
 ValueError: one raised inside JAX mid-run is a bug.
@@ -32,6 +33,7 @@ from launch.cli import (
     EXIT_BAD_INPUT,
     EXIT_CRASH,
     EXIT_PREEMPTED,
+    EXIT_STORE_UNREACHABLE,
     EXIT_TARGET_NOT_REACHED,
     EXIT_WORKDIR_HELD,
     dump_stacks_on_sigusr1,
@@ -183,6 +185,11 @@ def _handle(e: Exception) -> None:
     if isinstance(e, WorkdirHeldError):  # nothing written: the work directory is not ours
         print(f"multipod: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_WORKDIR_HELD)
+    from input_pipeline.storage import StorageError
+
+    if isinstance(e, StorageError) and e.transient:  # the store did not answer: start again
+        print(f"multipod: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_STORE_UNREACHABLE)
     if isinstance(e, bad_input_errors()):  # bad input: one clear line
         print(f"multipod: error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_BAD_INPUT)
@@ -246,6 +253,8 @@ def main(argv: list[str]) -> None:
         _handle(e)
     if result["status"] == "preempted":  # checkpoint written: run the command again
         raise SystemExit(PREEMPTED_EXIT_CODES.get(result["stop_signal"], EXIT_PREEMPTED))
+    if result["store_unreachable"]:  # a save found the store gone: nothing lost
+        raise SystemExit(EXIT_STORE_UNREACHABLE)
     if not result["reached_target"] or result["status"] != "success":
         raise SystemExit(EXIT_TARGET_NOT_REACHED)
 

@@ -345,7 +345,8 @@ def hold_workdir(workdir: str, wait_s: float | None = None) -> WorkdirLease | _F
             client.key_value_set(key, f"held {e}")
             raise
         except Exception as e:  # the store failed: the others stop too, not wait
-            client.key_value_set(key, f"error {type(e).__name__}: {e}")
+            kind = "transient" if getattr(e, "transient", False) else "error"
+            client.key_value_set(key, f"{kind} {type(e).__name__}: {e}")
             raise
         client.key_value_set(key, "ok")
         _acquired(workdir)
@@ -353,9 +354,11 @@ def hold_workdir(workdir: str, wait_s: float | None = None) -> WorkdirLease | _F
     answer = client.blocking_key_value_get(key, int((wait_s + 600) * 1000))
     if answer.startswith("held "):
         raise WorkdirHeldError(answer[len("held ") :])
-    if answer.startswith("error "):
+    kind, _, why = answer.partition(" ")
+    if kind in ("error", "transient"):
         raise storage.StorageError(
-            f"process 0 could not take the lease on {workdir}: {answer[len('error ') :]}"
+            f"process 0 could not take the lease on {workdir}: {why}",
+            transient=kind == "transient",
         )
     _acquired(workdir)
     return _Follower()

@@ -109,6 +109,19 @@ def last_step(value) -> float:
     return float(np.asarray(value).reshape(-1)[-1])
 
 
+def _agreed_failure(error: CheckpointSaveError | None) -> CheckpointSaveError | None:
+    """Several processes: None when every host's save is fine; otherwise this host's error
+    (or one saying another host failed), transient only if every host that failed found
+    its store unreachable, so that every host exits with the same code."""
+    if all_hosts_ok(error is None):
+        return None
+    transient = all_hosts_ok(error is None or error.transient)
+    if error is None:
+        return CheckpointSaveError("a checkpoint save failed on another process", transient)
+    error.transient = transient
+    return error
+
+
 class TrainLoop:
     """The training loop's running state: counters, evals, the MLPerf block structure."""
 
@@ -150,6 +163,7 @@ class TrainLoop:
         self.s.benchmark = self.task.benchmark
         self.status = keys.SUCCESS
         self.stop_reason: str | None = None
+        self.store_unreachable = False  # a save failed only because the store was not there
         self._pending_eval = None
         self._watched = -1  # the last step whose loss went to the spike check
         self.elapsed_before = self.s.elapsed_s  # run time before a restart
@@ -210,17 +224,26 @@ class TrainLoop:
             self.checkpointer.ready_to_save(step)
         except CheckpointSaveError as e:
             error = e
-        if not all_hosts_ok(error is None):
-            raise error or CheckpointSaveError("a checkpoint save failed on another process")
+        agreed = _agreed_failure(error)
+        if agreed is not None:
+            raise agreed
 
     def save_failed(self, error: CheckpointSaveError) -> None:
-        """A failed save stops the run: one line with the path, the errno, what is kept."""
+        """A failed save stops the run: one line with the path, the errno, what is kept.
+        A store that was only unreachable (`error.transient`) sets `store_unreachable`:
+        the run exits 69, which a supervisor starts again."""
         self.status = keys.ABORTED
+        self.store_unreachable = error.transient
         kept = self.checkpointer.steps() if self.checkpointer else []
+        then = (
+            "The same command continues once the store answers (exit code 69: a supervisor "
+            "starts it again)."
+            if error.transient
+            else "Free space or fix the directory, then run the same command again to continue."
+        )
         self.stop_reason = (
             f"{error} at step {self.s.step}: stopping (mllog run_stop status aborted); "
-            f"complete checkpoints kept: {kept or 'none'}. Free space or fix the directory, "
-            "then run the same command again to continue."
+            f"complete checkpoints kept: {kept or 'none'}. {then}"
         )
         print(self.stop_reason, flush=True)
 
@@ -236,9 +259,7 @@ class TrainLoop:
         except CheckpointSaveError as e:
             error = e
         if jax.process_count() > 1:
-            if all_hosts_ok(error is None):
-                return True
-            error = error or CheckpointSaveError("a checkpoint save failed on another process")
+            error = _agreed_failure(error)
         if error is None:
             return True
         self.save_failed(error)

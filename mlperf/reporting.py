@@ -176,6 +176,7 @@ class RunResult(Mapping):
     last_good_checkpoint: str | None = None
     unstable_since_step: int | None = None
     stop_reason: str | None = None  # one line when the run stopped before its end
+    store_unreachable: bool = False  # it stopped because a save found the store unreachable
     stop_signal: str | None = None  # SIGTERM / SIGINT when it stopped for one
     # Config changes on resume: [{key, checkpoint, now, forced}] over the run's restarts.
     config_changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)

@@ -300,6 +300,7 @@ def run_result(init: Init, loop: TrainLoop, state, status: str, run_time: float)
         last_good_checkpoint=loop.last_good(),
         unstable_since_step=s.unstable_since,
         stop_reason=loop.stop_reason,
+        store_unreachable=loop.store_unreachable,
         stop_signal=loop.preemption.signal_name if status == "preempted" else None,
         config_changes=s.forced_config_changes
         + [{**c.as_dict(), "forced": False} for c in changes if c.neutral],

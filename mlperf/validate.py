@@ -206,10 +206,17 @@ def check_data_dir(config) -> None:
 
 def _probe_store(name: str, path: str) -> None:
     """A missing bucket, missing permission or an unreachable store is one line before
-    anything is built."""
+    anything is built: bad input (ConfigError), except an unreachable or failing store,
+    which stays a transient StorageError (exit code 69: a supervisor starts it again)."""
     try:
         storage.probe_write(path)
     except OSError as e:
+        if isinstance(e, storage.StorageError) and e.transient:
+            raise storage.StorageError(
+                f"{name} {path}: cannot write there ({e}); the store did not answer, the "
+                "same command continues once it does.",
+                transient=True,
+            ) from None
         raise ConfigError(
             f"{name} {path}: cannot write there ({e}); check the bucket name and this "
             "host's credentials (docs/multi-host.md)."

@@ -59,7 +59,14 @@ class NoUsableCheckpointError(ValueError):
 
 
 class CheckpointSaveError(RuntimeError):
-    """A checkpoint could not be written (disk full, directory unwritable, ...)."""
+    """A checkpoint could not be written (disk full, directory unwritable, ...).
+
+    `transient`: the object store holding it could not be reached or was failing
+    (`storage.transient`), so the same command may write it later."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +231,7 @@ class Checkpointer:
         )
         self._unlisted: int | None = None  # committed (or committing) without a manifest
         self.failed: str | None = None  # why a save failed (then no more are attempted)
+        self.failed_transient = False  # ... and whether the store was only unreachable
 
     def steps(self) -> list[int]:
         """Committed checkpoint steps, oldest first."""
@@ -276,7 +284,7 @@ class Checkpointer:
         cannot save."""
         self.wait()
         if self.failed is not None:
-            raise CheckpointSaveError(self.failed)
+            raise CheckpointSaveError(self.failed, self.failed_transient)
         with self._failures(self.step_path(step)):
             self._check_room(step)
 
@@ -320,7 +328,8 @@ class Checkpointer:
             if path is None:
                 path = self.step_path(step) if step is not None else self.cfg.directory
             self.failed = save_failure(e, path)
-            raise CheckpointSaveError(self.failed) from e
+            self.failed_transient = storage.is_url(path) and storage.transient(e)
+            raise CheckpointSaveError(self.failed, self.failed_transient) from e
 
     def check(self) -> None:
         """Raises CheckpointSaveError if a background save has failed (does not block)."""

@@ -4,7 +4,7 @@ target, whose logs, result and checkpoints are objects and whose MLPerf log pass
 compliance checker but for BERT-large's target (`make quality` runs the same config to
 its real target in a local folder); SIGKILL and an exact resume from the bucket; two
 processes saving and one process resuming resharded; the server gone in the middle of a
-save; hosts that see different checkpoints."""
+save and at the next start (exit code 69 both times); hosts that see different checkpoints."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from conftest import REPO, compliance_check, cpu_env, tiny_train_command
 from tiny_bert_runs import EVERY, OVERRIDES, STEPS
 
 from input_pipeline import storage
+from launch.cli import EXIT_STORE_UNREACHABLE
 from launch.gcs_emulator import GcsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("bucket")]
@@ -250,9 +251,17 @@ def test_the_store_gone_in_the_middle_of_a_save_loses_nothing(server, local_refe
     said = proc.stdout + proc.stderr
     failed = f"gs://{BUCKET}: writing checkpoint {url}/checkpoints/4 (step 4) failed"
     lines = [line for line in said.splitlines() if failed in line]
-    assert proc.returncode == 1 and len(lines) == 1, said[-4000:]
+    # Exit 69, the code a supervisor starts again: nothing is lost, the store was gone.
+    assert proc.returncode == EXIT_STORE_UNREACHABLE and len(lines) == 1, said[-4000:]
     assert "the store is unreachable" in lines[0] and "complete checkpoints kept: [2]" in lines[0]
+    assert "The same command continues once the store answers" in lines[0]
     assert "Traceback" not in said
+    # Started again while the store is still gone: one line at start, the same code.
+    proc = _run(cmd, cwd=tmp_path, env=env)
+    assert proc.returncode == EXIT_STORE_UNREACHABLE, proc.stdout[-3000:] + proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("multipod: error:")]
+    assert len(errors) == 1 and "the store is unreachable" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "compiled" not in proc.stdout
     server.start()  # the same folder: everything written before the outage is there
     proc = _run(cmd, cwd=tmp_path, env=_env(server))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

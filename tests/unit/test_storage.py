@@ -91,7 +91,36 @@ def test_store_faults_are_one_line(gcs, monkeypatch):
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith("gs://multipod-test: writing gs://multipod-test/x failed")
-    assert "unreachable" in message
+    assert "unreachable" in message and raised.value.transient  # a supervisor retries it
+
+
+class _HttpError(Exception):
+    def __init__(self, code: int):
+        super().__init__(f"{code} from the server")
+        self.code = code
+
+
+@pytest.mark.parametrize(
+    "error, transient",
+    [
+        (ConnectionRefusedError("refused"), True),
+        (TimeoutError("timed out"), True),
+        (_HttpError(503), True),
+        (_HttpError(429), True),
+        (_HttpError(500), True),
+        (_HttpError(403), False),
+        (_HttpError(404), False),
+        (ValueError("a bad argument"), False),
+    ],
+)
+def test_only_an_unreachable_or_failing_store_is_transient(error, transient):
+    assert storage.transient(error) is transient
+    wrapped = RuntimeError("the client's own wrapper")
+    wrapped.__cause__ = error
+    assert storage.transient(wrapped) is transient  # found anywhere in the chain
+    with pytest.raises(storage.StorageError) as raised, storage.errors("reading", "gs://b/x"):
+        raise error
+    assert raised.value.transient is transient
 
 
 def _upload_folder(local: str, url: str) -> None:

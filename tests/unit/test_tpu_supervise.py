@@ -252,7 +252,7 @@ def test_the_stop_line_ends_the_whole_process_group_of_an_attempt(tmp_path):
 @pytest.mark.parametrize(
     "code, retry",
     [(0, False), (1, False), (2, False), (70, False), (130, False), (3, True), (4, True)]
-    + [(75, True), (137, True), (143, True), (255, True), (-9, True), (5, False)],
+    + [(69, True), (75, True), (137, True), (143, True), (255, True), (-9, True), (5, False)],
 )
 def test_which_exit_codes_are_restarted(code, retry):
     assert supervisor.classify(code)[0] is retry
