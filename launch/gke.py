@@ -11,8 +11,11 @@ Indexed Job whose parallelism and completions are the slice's hosts (from the to
 pods ask for the host's chips (`google.com/tpu`) on nodes with the slice's accelerator
 and topology labels (`cloud.google.com/gke-tpu-accelerator`, `.../gke-tpu-topology`),
 one slice per node pool. `failurePolicy.maxRestarts` restarts the whole JobSet when a
-pod fails (a preempted node, a crash), and the rerun resumes from the work directory,
-which must be in a bucket: a restarted pod starts with an empty disk.
+pod fails (a preempted node, a peer lost, the store unreachable), and the rerun resumes
+from the work directory, which must be in a bucket: a restarted pod starts with an empty
+disk. A pod that exits with a code no restart can help (1, 2, 70: the supervisors' final
+codes) fails its Job through the Job's `podFailurePolicy`, and the JobSet's failure rule
+fails the JobSet at once instead of restarting it.
 
 Each pod joins jax.distributed with the project's own variables: MULTIPOD_COORDINATOR
 is process 0's pod through the JobSet's headless service
@@ -39,7 +42,7 @@ from absl import app, flags
 
 from launch import launcher_flags as shared
 from launch.launcher_flags import value_or
-from launch.supervisor import workdir_of
+from launch.supervisor import final_failure_codes, workdir_of
 
 COMMANDS = ("jobset", "apply")
 COORDINATOR_PORT = 8476
@@ -171,6 +174,20 @@ def jobset(
             "completions": hosts,
             "completionMode": "Indexed",
             "backoffLimit": 0,
+            # A pod that ends with a code no restart can help fails its Job with reason
+            # PodFailurePolicy, which the JobSet's rule below does not restart.
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {
+                            "containerName": "train",
+                            "operator": "In",
+                            "values": final_failure_codes(),
+                        },
+                    }
+                ]
+            },
             "template": {"spec": pod},
         }
         jobs.append({"name": f"slice-{s}", "replicas": 1, "template": {"spec": job}})
@@ -179,7 +196,16 @@ def jobset(
         "kind": "JobSet",
         "metadata": metadata,
         "spec": {
-            "failurePolicy": {"maxRestarts": max_restarts},
+            "failurePolicy": {
+                "maxRestarts": max_restarts,
+                "rules": [
+                    {
+                        "name": "no-restart-for-final-exit-codes",
+                        "action": "FailJobSet",
+                        "onJobFailureReasons": ["PodFailurePolicy"],
+                    }
+                ],
+            },
             "network": {"enableDNSHostnames": True},
             "replicatedJobs": jobs,
         },

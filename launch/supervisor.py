@@ -63,6 +63,12 @@ _FINAL = {
 }
 
 
+def final_failure_codes() -> list[int]:
+    """The non-zero exit codes that no restart can help (bad input, a bug, a run that
+    ended below its target): what a scheduler's own restart policy should fail on."""
+    return sorted(c for c in _FINAL if c not in (EXIT_TARGET_REACHED, 128 + signal.SIGINT))
+
+
 def classify(code: int) -> tuple[bool, str]:
     """(start again?, what the code means) for an attempt's exit code."""
     if code in _RETRYABLE:

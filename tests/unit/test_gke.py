@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from launch import gke
+from launch import gke, supervisor
 
 IMAGE = "us-docker.pkg.dev/proj/multipod:latest"
 TRAIN = ["python3", "-m", "launch.train", "--config", "configs/bert.py:mlperf_v07"]
@@ -71,7 +71,7 @@ def test_two_v5e_slices_read_back_as_two_jobs_of_64_hosts():
     words = GOLDEN["jobset_v5e_16x16_2_slices.yaml"][1]
     text = gke.to_yaml(gke.jobset("bert", "v5e:16x16", 2, IMAGE, words, 8))
     manifest = yaml.safe_load(text)
-    assert manifest["kind"] == "JobSet" and manifest["spec"]["failurePolicy"] == {"maxRestarts": 8}
+    assert manifest["kind"] == "JobSet" and manifest["spec"]["failurePolicy"]["maxRestarts"] == 8
     rjobs = manifest["spec"]["replicatedJobs"]
     assert [r["name"] for r in rjobs] == ["slice-0", "slice-1"]
     assert all(r["replicas"] == 1 for r in rjobs)
@@ -98,6 +98,31 @@ def test_two_v5e_slices_read_back_as_two_jobs_of_64_hosts():
             "python3 -m launch.train --config configs/bert.py:mlperf_v07 "
             "--workdir gs://bucket/bert_v5e --workdir_wait_s=300"
         )
+
+
+def test_only_codes_a_restart_can_help_restart_the_jobset():
+    """A pod's final code (bad input 2, a bug 70, the run ended below its target 1) fails
+    its Job by the pod failure policy, and the JobSet fails on that reason instead of
+    restarting; every other failure (143 preempted, 4 a peer lost, 69 the store
+    unreachable, a node gone) restarts it, as the supervisors do."""
+    words = [*TRAIN, "--workdir", "gs://bucket/b"]
+    manifest = yaml.safe_load(gke.to_yaml(gke.jobset("b", "v5e:16x16", 2, IMAGE, words, 5)))
+    policy = manifest["spec"]["failurePolicy"]
+    assert policy["maxRestarts"] == 5
+    (rule,) = policy["rules"]
+    assert rule["action"] == "FailJobSet" and rule["onJobFailureReasons"] == ["PodFailurePolicy"]
+    for job, container in _pods(manifest):
+        (pod_rule,) = job["podFailurePolicy"]["rules"]
+        on = pod_rule["onExitCodes"]
+        assert pod_rule["action"] == "FailJob" and on["operator"] == "In"
+        assert on["containerName"] == container["name"] and job["backoffLimit"] == 0
+        assert on["values"] == [1, 2, 70]
+        for code in on["values"]:
+            assert supervisor.classify(code)[0] is False
+        for code in (3, 4, 69, 75, 143):
+            assert supervisor.classify(code)[0] is True and code not in on["values"]
+        # The container's code is launch.train's own: bash execs it.
+        assert " && exec python3 -m launch.train " in container["command"][2]
 
 
 def test_one_v4_slice_reads_back_as_one_job_of_128_hosts():
