@@ -6,7 +6,8 @@ exit code (launch/cli.py) decides:
 - 0 (target reached), 1 (the run ended below its target), 2 (bad input), 70 (a bug),
   130 (Ctrl-C) and any code not named below: the job stops for good with that code;
 - 143 (preempted: a checkpoint was written), 4 (a peer died), 3 (another run held the
-  work directory), 75 (the run stalled), 255 (ssh failed) and deaths by a signal other
+  work directory), 69 (the object store was unreachable), 75 (the run stalled), 255 (ssh
+  failed) and deaths by a signal other
   than SIGINT (128 + N, e.g. 137 for SIGKILL): the job is started again, and resumes from
   its newest checkpoint.
 

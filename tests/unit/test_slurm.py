@@ -165,3 +165,68 @@ def test_the_sbatch_template_runs_launch_train_through_srun(tmp_path):
     del env["WORKDIR"]
     proc = subprocess.run(["bash", script], env=env, capture_output=True, text=True)
     assert proc.returncode != 0 and "set WORKDIR" in proc.stderr
+
+
+def _stand_ins(tmp_path, srun_code: int) -> dict[str, str]:
+    """PATH with a stand-in `srun` that records its words and exits `srun_code`, and a
+    stand-in `scontrol` that records its words: the scheduler's side of the template."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, code in (("srun", srun_code), ("scontrol", 0)):
+        tool = bin_dir / name
+        tool.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{tmp_path}/{name}.args"\nexit {code}\n')
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        WORKDIR="gs://bucket/run",
+        SLURM_SUBMIT_DIR=REPO,
+        SLURM_JOB_ID="4242",
+    )
+
+
+@pytest.mark.parametrize(
+    "code, restarts, requeued",
+    [
+        (143, "0", True),  # preempted or the time limit: a checkpoint was written
+        (69, "3", True),  # the store was unreachable
+        (4, "0", True),  # a peer died
+        (143, "20", False),  # MAX_REQUEUES requeues already
+        (2, "0", False),  # bad input
+        (70, "0", False),  # a bug
+        (1, "0", False),  # ended below its target
+        (0, "0", False),  # reached its target
+    ],
+)
+def test_the_sbatch_template_requeues_only_what_a_restart_can_help(
+    tmp_path, code, restarts, requeued
+):
+    env = _stand_ins(tmp_path, code)
+    env["SLURM_RESTART_COUNT"] = restarts
+    script = os.path.join(REPO, "launch", "slurm_gpu.sbatch")
+    proc = subprocess.run(["bash", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr  # the job ends with the run's own code
+    assert (tmp_path / "srun.args").exists()
+    scontrol = tmp_path / "scontrol.args"
+    if requeued:
+        assert scontrol.read_text().split() == ["requeue", "4242"]
+        assert f"the run ended with code {code} (" in proc.stderr
+        assert f"requeueing job 4242 (restart {int(restarts) + 1} of at most 20)" in proc.stderr
+    else:
+        assert not scontrol.exists(), proc.stderr
+        if code:
+            assert "not requeued" in proc.stderr
+        else:
+            assert proc.stderr == ""
+
+
+def test_restartable_says_what_a_code_means_and_whether_to_restart(capsys):
+    from launch import restartable
+
+    assert restartable.main(["69"]) == 0
+    assert capsys.readouterr().out == "the object store was unreachable\n"
+    assert restartable.main(["143"]) == 0 and restartable.main(["137"]) == 0
+    assert restartable.main(["2"]) == 1
+    assert "bad input" in capsys.readouterr().out
+    assert restartable.main(["x"]) == 2 and restartable.main([]) == 2
+    assert "give one exit code" in capsys.readouterr().err
