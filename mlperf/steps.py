@@ -67,15 +67,15 @@ def _split_global_microbatches(batch: PyTree, k: int, partitioner: Partitioner) 
     device keeps its own rows and the split moves no data."""
     replicas = partitioner.data_size
 
-    def one(x):
+    def one(x, name=None):
         rows = x.shape[0] // (replicas * k)
         y = x.reshape(replicas, k, rows, *x.shape[1:]).swapaxes(0, 1)
         y = y.reshape(k, replicas * rows, *x.shape[1:])
-        spec = partitioner.batch_spec(x.ndim)
-        return jax.lax.with_sharding_constraint(
-            y, partitioner.sharding(jax.sharding.PartitionSpec(None, *spec))
-        )
+        spec = partitioner.input_spec(name, y.shape, steps=True)
+        return jax.lax.with_sharding_constraint(y, partitioner.sharding(spec))
 
+    if isinstance(batch, dict):  # an input field keeps its own split (input_axes)
+        return {name: one(x, name) for name, x in batch.items()}
     return jax.tree.map(one, batch)
 
 
@@ -223,11 +223,8 @@ def batch_abstract(
     `steps` > 1: that many batches stacked on a leading, unsharded axis (`scan_steps`)."""
     out = {}
     for name, (shape, dtype) in example_spec.items():
-        if steps == 1:
-            full, spec = (global_batch_size, *shape), partitioner.batch_spec(1 + len(shape))
-        else:
-            full = (steps, global_batch_size, *shape)
-            spec = partitioner.steps_batch_spec(2 + len(shape))
+        full = (global_batch_size, *shape) if steps == 1 else (steps, global_batch_size, *shape)
+        spec = partitioner.input_spec(name, full, steps=steps > 1)
         out[name] = jax.ShapeDtypeStruct(full, dtype, sharding=partitioner.sharding(spec))
     return out
 

@@ -176,6 +176,13 @@ class Task(Generic[D], metaclass=_FrozenAfterInit):
     def example_spec(self, phase: Phase) -> ExampleSpec:
         """Name -> (per-example shape, dtype) of a training batch in this phase."""
 
+    def input_axes(self) -> dict[str, tuple[str | None, ...]]:
+        """Name -> logical axes of one example's dimensions, for the input fields (train
+        and eval) that the model splits beyond their rows (an image's height under
+        spatial partitioning): the partitioner sends each device only its part. The
+        fields not named go to every device of their rows whole."""
+        return {}
+
     @abc.abstractmethod
     def eval_data(
         self, global_batch_size: int, shard_index: int, shard_count: int

@@ -139,14 +139,16 @@ class Trainer:
         )
 
 
-def build_partitioner(config, devices=None) -> Partitioner:
-    """Mesh and partitioner from config.mesh / config.parallel."""
+def build_partitioner(config, devices=None, input_axes=None) -> Partitioner:
+    """Mesh and partitioner from config.mesh / config.parallel; `input_axes` the task's
+    (`Task.input_axes`: input fields split beyond their rows)."""
     mesh = build_mesh(config.mesh.axes, config.mesh.ici_shape, config.mesh.dcn_shape, devices)
     return Partitioner(
         mesh,
         rules=rules_from_config(config.parallel.get("rules", None)),
         weight_update_sharding=config.parallel.weight_update_sharding,
         fsdp=config.parallel.fsdp,
+        input_axes=input_axes,
     )
 
 
@@ -162,7 +164,7 @@ def build_trainer(config, devices=None, prepare_data: bool = True) -> Trainer:
     if prepare_data:
         check_data_dir(config)
         check_cache_dir(config)
-    partitioner = build_partitioner(config, devices)
+    partitioner = build_partitioner(config, devices, task.input_axes())
     phases = task.phases()
     prepare_start = time.perf_counter()
     if prepare_data:

@@ -61,6 +61,37 @@ class DataLayout:
         return slice(start, start + self.host_batch_size)
 
 
+def _local_index(index: tuple, row_axis: int, layout: DataLayout, ndim: int) -> tuple:
+    """A device's index into a global batch array, as an index into this host's rows
+    (the row axis shifted by the host's first row)."""
+    index = tuple(index) + (slice(None),) * (ndim - len(index))
+    rows = index[row_axis]
+    first = layout.host_slice.start
+    start = (rows.start or 0) - first
+    stop = layout.host_batch_size if rows.stop is None else rows.stop - first
+    return (*index[:row_axis], slice(start, stop), *index[row_axis + 1 :])
+
+
+def _assemble(
+    local: np.ndarray,
+    sharding: NamedSharding,
+    global_shape: tuple[int, ...],
+    spec: PartitionSpec,
+    row_axis: int,
+    layout: DataLayout,
+) -> jax.Array:
+    """This host's rows `local` as its part of a global array. Sharded on its rows alone,
+    JAX splits them; split beyond its rows (an image's height), each device is sent its
+    own block of them, so no device receives what another holds."""
+    if all(entry is None for i, entry in enumerate(spec) if i != row_axis):
+        return jax.make_array_from_process_local_data(sharding, local, global_shape)
+    return jax.make_array_from_callback(
+        global_shape,
+        sharding,
+        lambda index: local[_local_index(index, row_axis, layout, local.ndim)],
+    )
+
+
 class Partitioner:
     """Owns the mesh: shardings for logical trees, jit, activation constraints, batches."""
 
@@ -71,7 +102,12 @@ class Partitioner:
         weight_update_sharding: bool = True,
         fsdp: bool = False,
         data_axis: str = "data",
+        input_axes: Mapping[str, Sequence[str | None]] | None = None,
     ):
+        """`input_axes`: per input field, the logical axes of one example's dimensions
+        (after the batch's), for fields split beyond their rows, e.g. an image's height
+        over `model` under spatial partitioning: each device is sent only its part of
+        such a field, instead of every row whole."""
         if data_axis not in mesh.axis_names:
             raise ValueError(f"data axis {data_axis!r} is not a mesh axis {mesh.axis_names}.")
         self.mesh = mesh
@@ -79,6 +115,7 @@ class Partitioner:
         self.weight_update_sharding = weight_update_sharding
         self.fsdp = fsdp
         self.data_axis = data_axis
+        self.input_axes = {name: tuple(axes) for name, axes in (input_axes or {}).items()}
 
     # ---- specs and shardings -------------------------------------------------------
     @property
@@ -221,13 +258,38 @@ class Partitioner:
         )
 
     # ---- data --------------------------------------------------------------------------
-    def batch_spec(self, ndim: int) -> PartitionSpec:
-        return self.spec(("batch",) + (None,) * (ndim - 1))
+    def batch_spec(self, ndim: int, name: str | None = None) -> PartitionSpec:
+        """The spec of a batch array of `ndim` dimensions: rows over `batch`; the input
+        field `name`'s other dimensions as `input_axes` names them (else whole)."""
+        axes = self.input_axes.get(name) if name is not None else None
+        if axes is None:
+            return self.spec(("batch",) + (None,) * (ndim - 1))
+        if len(axes) != ndim - 1:
+            raise ValueError(
+                f"input field {name!r} has {ndim - 1} dimensions per example, but its "
+                f"input axes {axes} name {len(axes)}."
+            )
+        return self.spec(("batch", *axes))
 
-    def steps_batch_spec(self, ndim: int) -> PartitionSpec:
+    def steps_batch_spec(self, ndim: int, name: str | None = None) -> PartitionSpec:
         """The spec of several steps' batches stacked on a leading axis (one dispatch of
         several train steps): that axis unsharded, each step's rows as `batch_spec`."""
-        return PartitionSpec(None, *self.batch_spec(ndim - 1))
+        return PartitionSpec(None, *self.batch_spec(ndim - 1, name))
+
+    def input_spec(
+        self, name: str | None, shape: Sequence[int], steps: bool = False
+    ) -> PartitionSpec:
+        """The spec of input field `name` of global `shape` (`steps`: several steps'
+        batches stacked first): `batch_spec`, but a dimension beyond the rows that its
+        mesh axes do not divide goes whole (a 300-pixel image over 8 devices)."""
+        spec = (self.steps_batch_spec if steps else self.batch_spec)(len(shape), name)
+        rows = 1 if steps else 0
+        entries = []
+        for i, entry in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):
+            names = () if entry is None else (entry,) if isinstance(entry, str) else entry
+            ways = math.prod(self.axis_sizes[n] for n in names)
+            entries.append(entry if i == rows or shape[i] % ways == 0 else None)
+        return PartitionSpec(*entries)
 
     def batch_shards(self) -> int:
         """How many ways a batch's rows are split (the mesh axes `batch` maps to): a
@@ -272,8 +334,8 @@ class Partitioner:
                     f"{layout.host_batch_size} (global {layout.global_batch_size})."
                 )
             global_shape = (layout.global_batch_size, *local.shape[1:])
-            sharding = self.sharding(self.batch_spec(local.ndim))
-            out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+            spec = self.input_spec(name, global_shape)
+            out[name] = _assemble(local, self.sharding(spec), global_shape, spec, 0, layout)
         return out
 
     def host_steps_to_global(
@@ -291,8 +353,8 @@ class Partitioner:
                     f"[steps, {layout.host_batch_size}, ...] (global {layout.global_batch_size})."
                 )
             global_shape = (local.shape[0], layout.global_batch_size, *local.shape[2:])
-            sharding = self.sharding(self.steps_batch_spec(local.ndim))
-            out[name] = jax.make_array_from_process_local_data(sharding, local, global_shape)
+            spec = self.input_spec(name, global_shape, steps=True)
+            out[name] = _assemble(local, self.sharding(spec), global_shape, spec, 1, layout)
         return out
 
     def global_to_host(
@@ -300,13 +362,10 @@ class Partitioner:
     ) -> dict[str, np.ndarray]:
         """This host's rows of batch-sharded global arrays (the inverse of host_to_global)."""
         out = {}
-        first = layout.host_slice.start
         for name, arr in arrays.items():
             host = np.empty((layout.host_batch_size, *arr.shape[1:]), arr.dtype)
             for shard in arr.addressable_shards:
-                rows = shard.index[0] if shard.index else slice(None)
-                start = (rows.start or 0) - first
-                host[start : start + shard.data.shape[0]] = np.asarray(shard.data)
+                host[_local_index(shard.index, 0, layout, arr.ndim)] = np.asarray(shard.data)
             out[name] = host
         return out
 

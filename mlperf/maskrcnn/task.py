@@ -19,6 +19,7 @@ from input_pipeline.coco_source import cache_dir, coco_folder
 from input_pipeline.grain_pipeline import padded_eval_batches
 from mlperf.coco_eval import CocoEvaluator
 from mlperf.config_error import ConfigError
+from mlperf.layers.conv import IMAGE_AXES
 from mlperf.layers.pixels import normalise_images
 from mlperf.layers.resnet import ResNetConfig
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
@@ -137,6 +138,11 @@ class MaskRcnnTask(Task[MaskRcnnData]):
         gt_path (the eval split's by default)."""
         evaluator = CocoEvaluator(gt_path, self.data.coco.label_to_category)
         return self.with_data(dataclasses.replace(self.data, evaluator=evaluator))
+
+    def input_axes(self) -> dict[str, tuple[str | None, ...]]:
+        """The image is split like the first convolution's input: under spatial
+        partitioning each device receives only its rows of pixels."""
+        return {"image": IMAGE_AXES[1:]}
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         return maskrcnn_data.example_spec(self.input_params(), train=True)

@@ -22,6 +22,7 @@ from input_pipeline.coco_builder import CocoData, CocoFolder, prepare_coco
 from input_pipeline.coco_source import cache_dir, coco_folder
 from mlperf.coco_eval import CocoEvaluator
 from mlperf.config_error import ConfigError
+from mlperf.layers.conv import IMAGE_AXES
 from mlperf.layers.pixels import normalise_images
 from mlperf.layers.resnet_import import check_backbone_checkpoint, load_torchvision_resnet
 from mlperf.pretrained import PretrainedModules
@@ -122,6 +123,11 @@ class SsdTask(Task[SsdData]):
             shard_count,
             self.config.data.max_eval_examples,
         )
+
+    def input_axes(self) -> dict[str, tuple[str | None, ...]]:
+        """The image is split like the first convolution's input: under spatial
+        partitioning each device receives only its rows of pixels."""
+        return {"image": IMAGE_AXES[1:]}
 
     def example_spec(self, phase: Phase) -> dict[str, tuple[tuple[int, ...], str]]:
         s, a = self.anchors.image_size, self.anchors.num_boxes

@@ -81,6 +81,40 @@ def test_data_layout_and_host_to_global(devices):
         partitioner.host_to_global({"x": host["x"][:8]}, layout)
 
 
+def test_an_image_split_over_model_sends_each_device_its_own_rows_of_pixels(devices):
+    image_axes = {"image": ("height", "width", "channels")}
+    part = Partitioner(build_mesh(("data", "model"), (2, 4)), SPATIAL_RULES, input_axes=image_axes)
+    layout = part.data_layout(16)
+    rng = np.random.default_rng(0)
+    host = {
+        "image": rng.integers(0, 255, (16, 8, 6, 3)).astype(np.uint8),
+        "label": np.arange(16, dtype=np.int32),
+    }
+    arrays = part.host_to_global(host, layout)
+    assert arrays["image"].sharding.spec == P("data", "model", None, None)
+    assert arrays["label"].sharding.spec == P("data")
+    for shard in arrays["image"].addressable_shards:
+        assert shard.data.shape == (8, 2, 6, 3)  # half the rows, a quarter of the height
+        np.testing.assert_array_equal(np.asarray(shard.data), host["image"][shard.index])
+    np.testing.assert_array_equal(np.asarray(arrays["image"]), host["image"])
+    back = part.global_to_host(arrays, layout)
+    np.testing.assert_array_equal(back["image"], host["image"])
+    # Several steps stacked first: each step's image split the same way.
+    stacked = np.stack([host["image"], 255 - host["image"], host["image"] // 2])
+    steps = part.host_steps_to_global({"image": stacked}, layout)["image"]
+    assert steps.sharding.spec == P(None, "data", "model", None, None)
+    np.testing.assert_array_equal(np.asarray(steps), stacked)
+    # A height that the model axis does not divide goes whole.
+    odd = part.host_to_global({"image": host["image"][:, :6]}, layout)["image"]
+    assert odd.sharding.spec == P("data", None, None, None)
+    np.testing.assert_array_equal(np.asarray(odd), host["image"][:, :6])
+    # Without spatial rules the same field goes whole: the rules decide, not the task.
+    plain = Partitioner(build_mesh(("data", "model"), (2, 4)), input_axes=image_axes)
+    assert plain.host_to_global(host, layout)["image"].sharding.spec == P("data", None, None, None)
+    with pytest.raises(ValueError, match="input field 'image' has 2 dimensions per example"):
+        part.batch_spec(3, "image")
+
+
 @pytest.mark.parametrize("shape, shards", [((2, 4), 2), ((8, 1), 8), ((1, 8), 1)])
 def test_batch_shards_is_the_data_axis_size(devices, shape, shards):
     assert Partitioner(build_mesh(("data", "model"), shape)).batch_shards() == shards

@@ -1,5 +1,6 @@
 """SSD eval: the task's COCO mAP equals pycocotools on the same detections written to a
-results JSON; distributed eval on 2 processes x 4 devices equals 1 process x 8."""
+results JSON; distributed eval on 2 processes x 4 devices equals 1 process x 8, the image
+height split over the model axis in both."""
 
 from __future__ import annotations
 
@@ -98,8 +99,13 @@ def test_split_over_shards_gives_the_same_map(task):
 
 
 def small_eval_config(cache: str):
-    """The tiny SSD shrunk to 64 pixels (levels 8, 4, 2, 1) on 24 eval images."""
+    """The tiny SSD shrunk to 64 pixels (levels 8, 4, 2, 1) on 24 eval images, its image
+    height split 4 ways (spatial partitioning, data=2 x model=4): a process is sent only
+    its devices' rows of pixels."""
     c = get_config("tiny")
+    c.model.spatial_partitions = 4
+    c.mesh.ici_shape = (-1, 4)
+    c.parallel.rules = (("height", "model"),)
     c.model.update(
         image_size=64,
         feature_sizes=(8, 4, 2, 1),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from configs.ssd import SPATIAL_RULES, get_config
 from mlperf.ssd.boxes import BoxEncoder
@@ -67,7 +68,11 @@ def _two_steps(config, batch):
     layout = p.data_layout(8)
     losses = []
     for _ in range(2):
-        state, metrics = compiled(state, p.host_to_global(batch, layout), key)
+        global_batch = p.host_to_global(batch, layout)
+        # Under spatial partitioning each device is sent only its rows of pixels.
+        height = "model" if config.model.spatial_partitions > 1 else None
+        assert global_batch["image"].sharding.spec == P("data", height, None, None)
+        state, metrics = compiled(state, global_batch, key)
         losses.append(float(metrics["loss"]))
     params = jax.tree.map(np.asarray, state["params"])
     return losses, params, compiled.as_text()
