@@ -45,6 +45,10 @@ class Overhead:
     budgets_s: dict[str, float]  # BUDGET x the estimated step, per generation
     steps_per_dispatch: int = 1  # train steps each timed dispatch ran
     stub_device_s: float = 0.0  # the stub program's own run, per step (not host work)
+    # The baseline in the same run: the same transfers with every field's rows sent
+    # whole to each device that holds them (no Task.input_axes split), per step; None
+    # when the model splits no field.
+    transfer_whole_s: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -145,6 +149,7 @@ def measure_overhead(
             parts["logging"] += time.perf_counter() - t3  # the fetch and line, not the stub
     jax.block_until_ready(state)
     timed = dispatches * k
+    whole = _transfer_whole_s(pr, p, dispatches) / k if p.input_axes else None
     return Overhead(
         model=model,
         host_batch=rows,
@@ -156,4 +161,27 @@ def measure_overhead(
         stub_device_s=parts["stub"] / timed,
         budgets_s={g: BUDGET * s for g, s in step_s.items()},
         steps_per_dispatch=k,
+        transfer_whole_s=whole,
     )
+
+
+def _transfer_whole_s(pr, partitioner, dispatches: int) -> float:
+    """Mean seconds of the loop's fetch and transfer of one dispatch with the task's
+    input split turned off (every field's rows whole on each of their devices): the
+    baseline that the measured transfer is compared with, timed in the same process."""
+    import jax
+
+    axes, partitioner.input_axes = partitioner.input_axes, {}
+    try:
+        total = 0.0
+        for i in range(dispatches + 3):
+            t0 = time.perf_counter()
+            pr.fetch()
+            batch = pr.global_batch(partitioner)
+            jax.block_until_ready(batch)
+            if i >= 3:  # three warm-up transfers, as the loop's timing has
+                total += time.perf_counter() - t0
+            del batch
+    finally:
+        partitioner.input_axes = axes
+    return total / dispatches

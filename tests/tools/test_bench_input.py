@@ -102,7 +102,22 @@ def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
     assert o2.steps_per_call * o2.budgets_s["v5p"] >= 2 * o2.total_s
     row = bench_input.overhead_markdown([o, o2])[-1]
     assert row.startswith("| bert | 2 | 8 (")
-    assert row.endswith(f"| {o2.steps_per_call} | {o2.stub_device_s * 1e6:.0f} us |")
+    assert row.endswith(
+        f"| {o2.steps_per_call} | {o2.stub_device_s * 1e6:.0f} us | - (nothing split) |"
+    )
+    assert o2.transfer_whole_s is None  # BERT sends every field whole: no baseline
     # The stub's own run is timed apart from the host's work, not counted in it.
     assert o2.stub_device_s > 0
     assert o2.total_s == pytest.approx(o2.dispatch_s + o2.transfer_s + o2.logging_s)
+
+
+def test_a_split_input_is_timed_against_its_rows_sent_whole_in_the_same_run():
+    """SSD's mlperf_v07 mesh splits the image's height 4 ways: the transfer is timed as
+    the loop sends it and, as the baseline, with every field's rows whole."""
+    from launch.bench.input_overhead import measure_overhead
+
+    o = measure_overhead("ssd", 8, 2, {"v3": 0.0077})
+    assert o.transfer_s > 0 and o.transfer_whole_s is not None and o.transfer_whole_s > 0
+    row = bench_input.overhead_markdown([o])[-1]
+    ratio = o.transfer_whole_s / o.transfer_s
+    assert row.endswith(f"| {o.transfer_whole_s * 1e6:.0f} us ({ratio:.2f}x) |"), row
