@@ -14,6 +14,11 @@ own multi-step path is timed: `PhaseRun.fetch` and `PhaseRun.global_batch` take 
 batches, stack them and assemble them in one transfer, and the stub runs k times in one
 program (`mlperf.steps.scan_steps`, as the trainer wraps the real step); the figures are
 per step, so they show what k saves.
+
+A task that splits an input field beyond its rows (`Task.input_axes`: SSD's and Mask
+R-CNN's image height under spatial partitioning) has its dispatches alternate with the
+baseline's, the same transfer with every field's rows sent whole to each of their
+devices, so the two transfers are compared in one run.
 """
 
 from __future__ import annotations
@@ -122,34 +127,49 @@ def measure_overhead(
     key = jax.device_put(jax.random.key(0), rep)
     log_every = int(config.train.log_every_steps)
     sink = io.StringIO()
-    parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0, "stub": 0.0}
+    parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0, "stub": 0.0, "whole": 0.0}
     dispatches = -(-steps // k)
-    for i in range(dispatches + 3):  # three warm-up dispatches compile and settle
-        if i == 3:
-            jax.block_until_ready(state)
-            parts = dict.fromkeys(parts, 0.0)
-        t0 = time.perf_counter()
-        pr.fetch()
-        batch = pr.global_batch(p)
-        jax.block_until_ready(batch)
-        t1 = time.perf_counter()
-        state, metrics = step(state, batch, key)
-        t2 = time.perf_counter()
-        # On XLA:CPU the "device" is this host's cores: the stub's own run (a scan over
-        # the stacked batch) would otherwise run under the next transfer's timing. A
-        # TPU runs it on the chip, so it is timed apart and not counted as host work.
-        jax.block_until_ready((state, metrics))
-        t3 = time.perf_counter()
-        parts["stub"] += t3 - t2
-        parts["transfer"] += t1 - t0
-        parts["dispatch"] += t2 - t1
-        if ((i + 1) * k) // log_every > (i * k) // log_every:  # a logged step in it
-            last = {name: last_step(v) for name, v in jax.device_get(metrics).items()}
-            sink.write(" ".join(f"{name}={v:.4f}" for name, v in last.items()) + "\n")
-            parts["logging"] += time.perf_counter() - t3  # the fetch and line, not the stub
+    # A task that splits an input field beyond its rows (Task.input_axes) is timed with
+    # its dispatches alternating with the baseline's, every field's rows sent whole, so
+    # both transfers run in the same loop beside the same stub runs.
+    axes = dict(p.input_axes)
+    variants = [axes, {}] if axes else [axes]
+    warm = 3 * len(variants)  # three warm-up dispatches each compile and settle
+    try:
+        for i in range(dispatches * len(variants) + warm):
+            baseline = i % len(variants) == 1
+            p.input_axes = variants[i % len(variants)]
+            if i == warm:
+                jax.block_until_ready(state)
+                parts = dict.fromkeys(parts, 0.0)
+            t0 = time.perf_counter()
+            pr.fetch()
+            batch = pr.global_batch(p)
+            jax.block_until_ready(batch)
+            t1 = time.perf_counter()
+            state, metrics = step(state, batch, key)
+            t2 = time.perf_counter()
+            # On XLA:CPU the "device" is this host's cores: the stub's own run (a scan
+            # over the stacked batch) would otherwise run under the next transfer's
+            # timing. A TPU runs it on the chip, so it is timed apart, not as host work.
+            jax.block_until_ready((state, metrics))
+            t3 = time.perf_counter()
+            if baseline:
+                parts["whole"] += t1 - t0
+                continue
+            parts["stub"] += t3 - t2
+            parts["transfer"] += t1 - t0
+            parts["dispatch"] += t2 - t1
+            j = i // len(variants)
+            if ((j + 1) * k) // log_every > (j * k) // log_every:  # a logged step in it
+                last = {name: last_step(v) for name, v in jax.device_get(metrics).items()}
+                sink.write(" ".join(f"{name}={v:.4f}" for name, v in last.items()) + "\n")
+                parts["logging"] += time.perf_counter() - t3  # the fetch and line only
+    finally:
+        p.input_axes = axes
     jax.block_until_ready(state)
     timed = dispatches * k
-    whole = _transfer_whole_s(pr, p, dispatches) / k if p.input_axes else None
+    whole = parts["whole"] / timed if len(variants) > 1 else None
     return Overhead(
         model=model,
         host_batch=rows,
@@ -163,25 +183,3 @@ def measure_overhead(
         steps_per_dispatch=k,
         transfer_whole_s=whole,
     )
-
-
-def _transfer_whole_s(pr, partitioner, dispatches: int) -> float:
-    """Mean seconds of the loop's fetch and transfer of one dispatch with the task's
-    input split turned off (every field's rows whole on each of their devices): the
-    baseline that the measured transfer is compared with, timed in the same process."""
-    import jax
-
-    axes, partitioner.input_axes = partitioner.input_axes, {}
-    try:
-        total = 0.0
-        for i in range(dispatches + 3):
-            t0 = time.perf_counter()
-            pr.fetch()
-            batch = pr.global_batch(partitioner)
-            jax.block_until_ready(batch)
-            if i >= 3:  # three warm-up transfers, as the loop's timing has
-                total += time.perf_counter() - t0
-            del batch
-    finally:
-        partitioner.input_axes = axes
-    return total / dispatches
