@@ -311,8 +311,8 @@ def overhead_markdown(overhead: list) -> list[str]:
         "host-to-device | logging / step | total | "
         f"{BUDGET:.0%} of est. step ({' / '.join(overhead[0].budgets_s)}) | within "
         "| steps per dispatch to fit | stub run (not counted) "
-        "| host-to-device, rows whole (baseline) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| host-to-device, rows whole (baseline) | sent to devices a step (rows whole) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in overhead:
         budgets = " / ".join(f"{b * 1e6:.0f} us" for b in o.budgets_s.values())
@@ -322,12 +322,15 @@ def overhead_markdown(overhead: list) -> list[str]:
             if o.transfer_whole_s is None
             else f"{o.transfer_whole_s * 1e6:.0f} us ({o.transfer_whole_s / o.transfer_s:.2f}x)"
         )
+        sent = f"{o.device_bytes / 2**20:.1f} MiB"
+        if o.device_bytes_whole is not None:
+            sent += f" ({o.device_bytes_whole / 2**20:.1f} MiB)"
         out.append(
             f"| {o.model} | {o.steps_per_dispatch} | {o.host_batch} "
             f"({o.batch_bytes / 2**20:.1f} MiB) | {o.state_leaves} | "
             f"{o.dispatch_s * 1e6:.0f} us | {o.transfer_s * 1e6:.0f} us | "
             f"{o.logging_s * 1e6:.0f} us | {o.total_s * 1e6:.0f} us | {budgets} | {within} | "
-            f"{o.steps_per_call} | {o.stub_device_s * 1e6:.0f} us | {whole} |"
+            f"{o.steps_per_call} | {o.stub_device_s * 1e6:.0f} us | {whole} | {sent} |"
         )
     return out
 

@@ -54,6 +54,10 @@ class Overhead:
     # whole to each device that holds them (no Task.input_axes split), per step; None
     # when the model splits no field.
     transfer_whole_s: float | None = None
+    # Bytes this host sends to its devices per step (every device's shards summed), as
+    # the loop sends them and with every field's rows whole (None: nothing split).
+    device_bytes: int = 0
+    device_bytes_whole: int | None = None
 
     @property
     def total_s(self) -> float:
@@ -128,6 +132,7 @@ def measure_overhead(
     log_every = int(config.train.log_every_steps)
     sink = io.StringIO()
     parts = {"dispatch": 0.0, "transfer": 0.0, "logging": 0.0, "stub": 0.0, "whole": 0.0}
+    sent = [0, 0]  # bytes to this host's devices per dispatch: split, whole
     dispatches = -(-steps // k)
     # A task that splits an input field beyond its rows (Task.input_axes) is timed with
     # its dispatches alternating with the baseline's, every field's rows sent whole, so
@@ -147,6 +152,7 @@ def measure_overhead(
             batch = pr.global_batch(p)
             jax.block_until_ready(batch)
             t1 = time.perf_counter()
+            sent[int(baseline)] = _device_bytes(batch)
             state, metrics = step(state, batch, key)
             t2 = time.perf_counter()
             # On XLA:CPU the "device" is this host's cores: the stub's own run (a scan
@@ -182,4 +188,11 @@ def measure_overhead(
         budgets_s={g: BUDGET * s for g, s in step_s.items()},
         steps_per_dispatch=k,
         transfer_whole_s=whole,
+        device_bytes=sent[0] // k,
+        device_bytes_whole=sent[1] // k if len(variants) > 1 else None,
     )
+
+
+def _device_bytes(batch: dict) -> int:
+    """Bytes of every shard of `batch` on this process's devices: what the host sends."""
+    return sum(s.data.nbytes for a in batch.values() for s in a.addressable_shards)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from launch.bench import input as bench_input
@@ -103,9 +104,12 @@ def test_host_overhead_parts_add_up_and_name_the_steps_per_dispatch():
     row = bench_input.overhead_markdown([o, o2])[-1]
     assert row.startswith("| bert | 2 | 8 (")
     assert row.endswith(
-        f"| {o2.steps_per_call} | {o2.stub_device_s * 1e6:.0f} us | - (nothing split) |"
+        f"| {o2.steps_per_call} | {o2.stub_device_s * 1e6:.0f} us | - (nothing split) "
+        f"| {o2.device_bytes / 2**20:.1f} MiB |"
     )
-    assert o2.transfer_whole_s is None  # BERT sends every field whole: no baseline
+    assert o2.transfer_whole_s is None and o2.device_bytes_whole is None  # nothing split
+    # BERT's rows split over data=2 of the 2 x 4 mesh: each row reaches the 4 model devices.
+    assert o2.device_bytes == 4 * o2.batch_bytes
     # The stub's own run is timed apart from the host's work, not counted in it.
     assert o2.stub_device_s > 0
     assert o2.total_s == pytest.approx(o2.dispatch_s + o2.transfer_s + o2.logging_s)
@@ -120,4 +124,22 @@ def test_a_split_input_is_timed_against_its_rows_sent_whole_in_the_same_run():
     assert o.transfer_s > 0 and o.transfer_whole_s is not None and o.transfer_whole_s > 0
     row = bench_input.overhead_markdown([o])[-1]
     ratio = o.transfer_whole_s / o.transfer_s
-    assert row.endswith(f"| {o.transfer_whole_s * 1e6:.0f} us ({ratio:.2f}x) |"), row
+    assert f"| {o.transfer_whole_s * 1e6:.0f} us ({ratio:.2f}x) |" in row, row
+    # data=2 x model=4: whole, each row reaches 4 devices; split, its image reaches them
+    # a quarter each and only the per-anchor targets go whole.
+    spec = _ssd_spec()
+    image = 8 * int(np.prod(spec["image"][0]))  # uint8
+    assert o.device_bytes_whole == 4 * o.batch_bytes
+    assert o.device_bytes == 4 * (o.batch_bytes - image) + image
+    assert row.endswith(
+        f"| {o.device_bytes / 2**20:.1f} MiB ({o.device_bytes_whole / 2**20:.1f} MiB) |"
+    )
+
+
+def _ssd_spec() -> dict:
+    """The train example spec of SSD's mlperf_v07 config."""
+    from launch.bench.input_data import mlperf_config
+    from mlperf.tasks import get_task
+
+    task = get_task(mlperf_config("ssd"))
+    return task.example_spec(task.phases()[0])
