@@ -190,24 +190,24 @@ TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 def transient(error: BaseException) -> bool:
     """True when a store's error may pass by itself: the store unreachable or timing out,
     or an HTTP status in TRANSIENT_HTTP anywhere in the error's chain."""
-    if _unreachable(error):
-        return True
-    seen: BaseException | None = error
-    while seen is not None:
-        if getattr(seen, "code", None) in TRANSIENT_HTTP:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return _unreachable(error) or any(
+        getattr(e, "code", None) in TRANSIENT_HTTP for e in _chain(error)
+    )
 
 
 def _unreachable(error: BaseException) -> bool:
+    return any(
+        isinstance(e, ConnectionError | TimeoutError) or "Connect" in type(e).__name__
+        for e in _chain(error)
+    )
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """The error and the errors it was raised from or during, outermost first."""
     seen: BaseException | None = error
     while seen is not None:
-        name = type(seen).__name__
-        if isinstance(seen, ConnectionError | TimeoutError) or "Connect" in name:
-            return True
+        yield seen
         seen = seen.__cause__ or seen.__context__
-    return False
 
 
 # ---- queries ------------------------------------------------------------------------------

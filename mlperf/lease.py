@@ -345,7 +345,8 @@ def hold_workdir(workdir: str, wait_s: float | None = None) -> WorkdirLease | _F
             client.key_value_set(key, f"held {e}")
             raise
         except Exception as e:  # the store failed: the others stop too, not wait
-            kind = "transient" if getattr(e, "transient", False) else "error"
+            transient = isinstance(e, storage.StorageError) and e.transient
+            kind = "transient" if transient else "error"
             client.key_value_set(key, f"{kind} {type(e).__name__}: {e}")
             raise
         client.key_value_set(key, "ok")

@@ -76,14 +76,13 @@ def _assemble(
     local: np.ndarray,
     sharding: NamedSharding,
     global_shape: tuple[int, ...],
-    spec: PartitionSpec,
     row_axis: int,
     layout: DataLayout,
 ) -> jax.Array:
     """This host's rows `local` as its part of a global array. Sharded on its rows alone,
     JAX splits them; split beyond its rows (an image's height), each device is sent its
     own block of them, so no device receives what another holds."""
-    if all(entry is None for i, entry in enumerate(spec) if i != row_axis):
+    if all(entry is None for i, entry in enumerate(sharding.spec) if i != row_axis):
         return jax.make_array_from_process_local_data(sharding, local, global_shape)
     return jax.make_array_from_callback(
         global_shape,
@@ -334,8 +333,8 @@ class Partitioner:
                     f"{layout.host_batch_size} (global {layout.global_batch_size})."
                 )
             global_shape = (layout.global_batch_size, *local.shape[1:])
-            spec = self.input_spec(name, global_shape)
-            out[name] = _assemble(local, self.sharding(spec), global_shape, spec, 0, layout)
+            sharding = self.sharding(self.input_spec(name, global_shape))
+            out[name] = _assemble(local, sharding, global_shape, 0, layout)
         return out
 
     def host_steps_to_global(
@@ -353,8 +352,8 @@ class Partitioner:
                     f"[steps, {layout.host_batch_size}, ...] (global {layout.global_batch_size})."
                 )
             global_shape = (local.shape[0], layout.global_batch_size, *local.shape[2:])
-            spec = self.input_spec(name, global_shape, steps=True)
-            out[name] = _assemble(local, self.sharding(spec), global_shape, spec, 1, layout)
+            sharding = self.sharding(self.input_spec(name, global_shape, steps=True))
+            out[name] = _assemble(local, sharding, global_shape, 1, layout)
         return out
 
     def global_to_host(

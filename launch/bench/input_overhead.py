@@ -23,6 +23,7 @@ devices, so the two transfers are compared in one run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import io
 import math
@@ -135,47 +136,48 @@ def measure_overhead(
     sent = [0, 0]  # bytes to this host's devices per dispatch: split, whole
     dispatches = -(-steps // k)
     # A task that splits an input field beyond its rows (Task.input_axes) is timed with
-    # its dispatches alternating with the baseline's, every field's rows sent whole, so
-    # both transfers run in the same loop beside the same stub runs.
-    axes = dict(p.input_axes)
-    variants = [axes, {}] if axes else [axes]
-    warm = 3 * len(variants)  # three warm-up dispatches each compile and settle
-    try:
-        for i in range(dispatches * len(variants) + warm):
-            baseline = i % len(variants) == 1
-            p.input_axes = variants[i % len(variants)]
-            if i == warm:
-                jax.block_until_ready(state)
-                parts = dict.fromkeys(parts, 0.0)
-            t0 = time.perf_counter()
-            pr.fetch()
-            batch = pr.global_batch(p)
-            jax.block_until_ready(batch)
-            t1 = time.perf_counter()
+    # its dispatches alternating with the baseline's (a copy of the partitioner that
+    # sends every field's rows whole), so both transfers run beside the same stub runs.
+    partitioners = [p]
+    if p.input_axes:
+        whole_rows = copy.copy(p)
+        whole_rows.input_axes = {}
+        partitioners.append(whole_rows)
+    warm = 3 * len(partitioners)  # three warm-up dispatches each compile and settle
+    for i in range(dispatches * len(partitioners) + warm):
+        baseline = i % len(partitioners) == 1
+        if i == warm:
+            jax.block_until_ready(state)
+            parts = dict.fromkeys(parts, 0.0)
+        t0 = time.perf_counter()
+        pr.fetch()
+        batch = pr.global_batch(partitioners[int(baseline)])
+        jax.block_until_ready(batch)
+        t1 = time.perf_counter()
+        state, metrics = step(state, batch, key)
+        t2 = time.perf_counter()
+        # On XLA:CPU the "device" is this host's cores: the stub's own run (a scan over
+        # the stacked batch) would otherwise run under the next transfer's timing. A
+        # TPU runs it on the chip, so it is timed apart and not counted as host work.
+        jax.block_until_ready((state, metrics))
+        t3 = time.perf_counter()
+        if i < warm:  # the bytes are the same every dispatch: counted while warming up
             sent[int(baseline)] = _device_bytes(batch)
-            state, metrics = step(state, batch, key)
-            t2 = time.perf_counter()
-            # On XLA:CPU the "device" is this host's cores: the stub's own run (a scan
-            # over the stacked batch) would otherwise run under the next transfer's
-            # timing. A TPU runs it on the chip, so it is timed apart, not as host work.
-            jax.block_until_ready((state, metrics))
-            t3 = time.perf_counter()
-            if baseline:
-                parts["whole"] += t1 - t0
-                continue
-            parts["stub"] += t3 - t2
-            parts["transfer"] += t1 - t0
-            parts["dispatch"] += t2 - t1
-            j = i // len(variants)
-            if ((j + 1) * k) // log_every > (j * k) // log_every:  # a logged step in it
-                last = {name: last_step(v) for name, v in jax.device_get(metrics).items()}
-                sink.write(" ".join(f"{name}={v:.4f}" for name, v in last.items()) + "\n")
-                parts["logging"] += time.perf_counter() - t3  # the fetch and line only
-    finally:
-        p.input_axes = axes
+            continue
+        if baseline:
+            parts["whole"] += t1 - t0
+            continue
+        parts["stub"] += t3 - t2
+        parts["transfer"] += t1 - t0
+        parts["dispatch"] += t2 - t1
+        j = i // len(partitioners)
+        if ((j + 1) * k) // log_every > (j * k) // log_every:  # a logged step in it
+            last = {name: last_step(v) for name, v in jax.device_get(metrics).items()}
+            sink.write(" ".join(f"{name}={v:.4f}" for name, v in last.items()) + "\n")
+            parts["logging"] += time.perf_counter() - t3  # the fetch and line, not the stub
     jax.block_until_ready(state)
     timed = dispatches * k
-    whole = parts["whole"] / timed if len(variants) > 1 else None
+    whole = parts["whole"] / timed if len(partitioners) > 1 else None
     return Overhead(
         model=model,
         host_batch=rows,
@@ -189,7 +191,7 @@ def measure_overhead(
         steps_per_dispatch=k,
         transfer_whole_s=whole,
         device_bytes=sent[0] // k,
-        device_bytes_whole=sent[1] // k if len(variants) > 1 else None,
+        device_bytes_whole=sent[1] // k if len(partitioners) > 1 else None,
     )
 
 
