@@ -30,12 +30,17 @@ run: $(STAMP)
 	rm -rf $(WORKDIR)/bert_tiny  # a fresh run: a left-over checkpoint there would be resumed
 	$(CPU_ENV) $(PY) -m launch.train --config configs/bert.py:tiny --workdir $(WORKDIR)/bert_tiny
 
-# The suite without the tests marked slow (long end-to-end runs; see test-slow), with one
-# fresh persistent compilation cache for the run (tests/conftest.py), removed afterwards.
+# The test targets' pytest runs share one persistent compilation cache each
+# (tests/with_test_cache.sh: fresh for the run and removed after it, or the one `.ci/run`
+# names for all of them), so a program compiled by several tests or training subprocesses
+# is compiled once. The full-size TPU compiles of tests/aot run without it: each is
+# compiled once, and its entry would be hundreds of megabytes.
+WITH_TEST_CACHE := bash tests/with_test_cache.sh
+
+# The suite without the tests marked slow (long end-to-end runs; see test-slow).
 test: $(TEST_STAMP)
-	@cache=$$(mktemp -d /tmp/multipod-test-xla.XXXXXX); \
-	  MULTIPOD_TEST_CACHE=$$cache $(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup \
-	    --durations=15 -m "not slow" tests; rc=$$?; rm -rf $$cache; exit $$rc
+	$(CPU_ENV) $(WITH_TEST_CACHE) $(PY) -m pytest -q -n 2 --dist loadgroup \
+	  --durations=15 -m "not slow" tests
 
 # Tests live in folders by kind: tests/unit (the code's parts), tests/tools (benchmarks,
 # planners, table writers, the docs checks), tests/system (multi-client runs and their
@@ -50,10 +55,10 @@ AOT_SYSTEM_TESTS := tests/aot
 # goes with its process: BERT-large's full-size compiles peak at 10.6-11.4 GB resident each,
 # and two of them beside the system lane do not fit CI's 24 GiB.
 test-system: $(TEST_STAMP)
-	@bash -c 'set -u; $(CPU_ENV) $(PY) -m pytest -q --durations=15 -m slow $(SYSTEM_TESTS) & lane=$$!; \
+	@bash -c 'set -u; $(CPU_ENV) $(WITH_TEST_CACHE) $(PY) -m pytest -q --durations=15 -m slow $(SYSTEM_TESTS) & lane=$$!; \
 	  fail=0; ids=$$($(CPU_ENV) $(PY) -m pytest -q --collect-only -m slow $(AOT_SYSTEM_TESTS) | grep "::"); \
 	  test -n "$$ids" || { echo "no AOT system tests collected"; fail=1; }; \
-	  for id in $$ids; do $(CPU_ENV) $(PY) -m pytest -q -p no:cacheprovider -m slow "$$id" || fail=1; done; \
+	  for id in $$ids; do $(CPU_ENV) MULTIPOD_TEST_CACHE= $(PY) -m pytest -q -p no:cacheprovider -m slow "$$id" || fail=1; done; \
 	  wait $$lane || fail=1; exit $$fail'
 
 # The other slow tests CI runs: those marked slow in tests/unit and tests/tools (e.g. the
@@ -61,12 +66,12 @@ test-system: $(TEST_STAMP)
 # predict and export from a tiny checkpoint).
 CI_SLOW_TESTS := tests/unit tests/tools
 test-ci-slow: $(TEST_STAMP)
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow $(CI_SLOW_TESTS)
+	$(CPU_ENV) $(WITH_TEST_CACHE) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow $(CI_SLOW_TESTS)
 
 # Every slow test: test-system's two lanes, then test-ci-slow's and tests/quality's on two
 # workers.
 test-slow: test-system
-	$(CPU_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow \
+	$(CPU_ENV) $(WITH_TEST_CACHE) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m slow \
 	  $(CI_SLOW_TESTS) tests/quality
 
 lint: $(TEST_STAMP)

@@ -12,11 +12,11 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
 
-# `make test` names one fresh persistent compilation cache for the whole run
-# (MULTIPOD_TEST_CACHE): the many tests that compile the same small programs, in either
-# xdist worker or in a training subprocess, compile each once. Without it the tests'
-# training subprocesses compile afresh (tests/system/test_compilation_cache.py turns the cache on
-# explicitly). The user's own cache is never touched.
+# The test targets name one persistent compilation cache for their whole run
+# (MULTIPOD_TEST_CACHE, tests/with_test_cache.sh): the many tests that compile the same
+# small programs, in either xdist worker or in a training subprocess, compile each once.
+# Without it the tests' training subprocesses compile afresh (the tests of the cache itself
+# name their own directories). The user's own cache is never touched.
 TEST_CACHE = os.environ.get("MULTIPOD_TEST_CACHE", "")
 if TEST_CACHE:
     os.environ["MULTIPOD_COMPILATION_CACHE"] = TEST_CACHE

@@ -20,6 +20,7 @@ import glob
 import importlib.util
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -199,15 +200,38 @@ def test_every_cited_test_exists(page):
     assert not missing, f"{_name(page)} cites tests that do not exist: {missing}"
 
 
-def test_make_test_shares_one_fresh_compilation_cache():
-    """docs/development.md: `make test` runs the suite with one persistent compilation
-    cache, made fresh for the run and removed after it."""
-    recipe = _read(os.path.join(ROOT, "Makefile")).split("\ntest:", 1)[1].split("\n\n")[0]
-    assert "mktemp -d" in recipe and "MULTIPOD_TEST_CACHE=$$cache" in recipe
-    assert "rm -rf $$cache" in recipe
+def _recipe(target: str) -> str:
+    return _read(os.path.join(ROOT, "Makefile")).split(f"\n{target}:", 1)[1].split("\n\n")[0]
+
+
+def test_the_test_targets_share_one_compilation_cache_and_the_full_size_compiles_do_not():
+    """docs/development.md: each test target runs with one persistent compilation cache
+    (tests/with_test_cache.sh); test-system's full-size TPU compiles run without it."""
+    for target in ("test", "test-ci-slow", "test-slow"):
+        assert "$(WITH_TEST_CACHE) $(PY) -m pytest" in _recipe(target), target
+    system_lane, aot_lane = _recipe("test-system").split("for id in", 1)
+    assert "$(WITH_TEST_CACHE) $(PY) -m pytest" in system_lane
+    assert "MULTIPOD_TEST_CACHE= $(PY) -m pytest" in aot_lane
+    assert "export MULTIPOD_TEST_CACHE" in _read(os.path.join(ROOT, ".ci", "run"))
     cache = os.environ.get("MULTIPOD_TEST_CACHE")
-    if cache:  # under `make test`: this process and its subprocesses use it
+    if cache:  # under a test target: this process and its subprocesses use it
         import jax
 
         assert jax.config.jax_compilation_cache_dir == os.path.abspath(cache)
         assert os.environ["MULTIPOD_COMPILATION_CACHE"] == cache
+
+
+def test_with_test_cache_makes_a_fresh_cache_and_removes_it_or_uses_the_named_one(tmp_path):
+    script = os.path.join(ROOT, "tests", "with_test_cache.sh")
+    show = ["sh", "-c", 'test -d "$MULTIPOD_TEST_CACHE" && echo "$MULTIPOD_TEST_CACHE"; exit 3']
+    env = {k: v for k, v in os.environ.items() if k != "MULTIPOD_TEST_CACHE"}
+    proc = subprocess.run(["bash", script, *show], env=env, capture_output=True, text=True)
+    fresh = proc.stdout.strip()
+    assert proc.returncode == 3  # the command's own exit code
+    assert fresh.startswith("/tmp/multipod-test-xla.") and not os.path.exists(fresh)
+    named = tmp_path / "named"
+    named.mkdir()
+    env["MULTIPOD_TEST_CACHE"] = str(named)
+    proc = subprocess.run(["bash", script, *show], env=env, capture_output=True, text=True)
+    assert proc.returncode == 3 and proc.stdout.strip() == str(named)
+    assert named.is_dir()  # a cache named by the caller is the caller's to remove
