@@ -149,6 +149,11 @@ def _call(path: str, method: str, *args: Any, **kwargs: Any) -> Any:
     return getattr(_fs(path), method)(*args, timeout=timeout_s(), **kwargs)
 
 
+_PERMISSION_DENIED = "permission denied (check the credentials of this host: docs/multi-host.md)"
+# HTTP 403 as a status in an error's text, not digits of an address or a number.
+_FORBIDDEN_TEXT = re.compile(r"(?<![\d:.])403(?!\d)")
+
+
 @contextlib.contextmanager
 def errors(operation: str, path: str) -> Iterator[None]:
     """Turns an object store's errors into StorageError (one line); local errors pass."""
@@ -170,13 +175,20 @@ def describe(error: BaseException, operation: str, path: str) -> str:
     text = " ".join(str(error).split())[:300] or type(error).__name__
     code = getattr(error, "code", None)
     store = bucket(path)
-    if code in (401, 403) or "403" in text[:40] or "Forbidden" in text:
-        why = "permission denied (check the credentials of this host: docs/multi-host.md)"
-    elif code == 404 or "bucket does not exist" in text.lower():
+    # The status the error carries first, then whether the store answered at all, and
+    # only then the status read off the text: an unreachable store's text names its
+    # address, whose port may hold the digits 403 ("127.0.0.1:40321").
+    if code in (401, 403):
+        why = _PERMISSION_DENIED
+    elif code == 404:
         why = f"not found ({text})"
     elif _unreachable(error):
         endpoint = os.environ.get(EMULATOR_ENV, "the storage endpoint")
         why = f"the store is unreachable ({endpoint}: {type(error).__name__})"
+    elif _FORBIDDEN_TEXT.search(text[:40]) or "Forbidden" in text:
+        why = _PERMISSION_DENIED
+    elif "bucket does not exist" in text.lower():
+        why = f"not found ({text})"
     else:
         why = f"{type(error).__name__}: {text}"
     return f"{store}: {operation} {path} failed: {why}"

@@ -123,6 +123,35 @@ def test_only_an_unreachable_or_failing_store_is_transient(error, transient):
     assert raised.value.transient is transient
 
 
+@pytest.mark.parametrize("port", [40321, 8403, 4403])
+def test_an_unreachable_store_whose_port_holds_403_is_not_a_refused_permission(port, monkeypatch):
+    """A connection error's text names the store's address: digits 403 in its port are
+    no HTTP status, and the message must agree with the exit code (69: unreachable)."""
+    monkeypatch.setenv(storage.EMULATOR_ENV, f"http://127.0.0.1:{port}")
+    error = ConnectionRefusedError(f"Cannot connect to host 127.0.0.1:{port} ssl:default")
+    wrapped = RuntimeError(f"upload to 127.0.0.1:{port} failed")
+    wrapped.__cause__ = error
+    for e in (error, wrapped):
+        why = storage.describe(e, "writing", "gs://b/x").split(" failed: ", 1)[1]
+        assert why.startswith("the store is unreachable") and storage.transient(e), why
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        _HttpError(403),
+        _HttpError(401),
+        Exception("403 Forbidden: no access"),
+        Exception("Forbidden"),
+    ],
+)
+def test_a_refused_permission_is_named_with_its_status_or_text(error):
+    assert storage.describe(error, "reading", "gs://b/x").endswith(
+        "failed: permission denied (check the credentials of this host: docs/multi-host.md)"
+    )
+    assert not storage.transient(error)
+
+
 def _upload_folder(local: str, url: str) -> None:
     for name in sorted(os.listdir(local)):
         if os.path.isfile(os.path.join(local, name)):
