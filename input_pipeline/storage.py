@@ -175,20 +175,17 @@ def describe(error: BaseException, operation: str, path: str) -> str:
     text = " ".join(str(error).split())[:300] or type(error).__name__
     code = getattr(error, "code", None)
     store = bucket(path)
-    # The status the error carries first, then whether the store answered at all, and
-    # only then the status read off the text: an unreachable store's text names its
-    # address, whose port may hold the digits 403 ("127.0.0.1:40321").
+    # A refusal read off the text only once the store is known to have answered: an
+    # unreachable store's text names its address, whose port may hold the digits 403.
     if code in (401, 403):
         why = _PERMISSION_DENIED
-    elif code == 404:
+    elif code == 404 or "bucket does not exist" in text.lower():
         why = f"not found ({text})"
     elif _unreachable(error):
         endpoint = os.environ.get(EMULATOR_ENV, "the storage endpoint")
         why = f"the store is unreachable ({endpoint}: {type(error).__name__})"
     elif _FORBIDDEN_TEXT.search(text[:40]) or "Forbidden" in text:
         why = _PERMISSION_DENIED
-    elif "bucket does not exist" in text.lower():
-        why = f"not found ({text})"
     else:
         why = f"{type(error).__name__}: {text}"
     return f"{store}: {operation} {path} failed: {why}"
